@@ -1,0 +1,24 @@
+//! virtplug's resource types and the rules they obey. No I/O.
+//!
+//! - [`kubevirt`]: kubevirt.io/v1 `VirtualMachine`, `VirtualMachineInstance`.
+//! - [`cdi`]: cdi.kubevirt.io/v1beta1 `DataVolume`.
+//! - [`validation`]: admission checks with field paths.
+//! - [`invariants`]: the disk/volume rules every VM spec must hold.
+//! - [`crd`]: CRD manifests generated from the types (cluster mode).
+//!
+//! core/v1 `PersistentVolumeClaim`, `Event` and `Namespace` come from k8s-openapi, re-exported
+//! under [`core`].
+
+pub mod cdi;
+pub mod crd;
+pub mod invariants;
+pub mod kubevirt;
+pub mod validation;
+
+/// core/v1 types used by virtplug.
+pub mod core {
+    pub use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim};
+}
+
+pub use cdi::DataVolume;
+pub use kubevirt::{VirtualMachine, VirtualMachineInstance};

@@ -1,0 +1,370 @@
+//! Admission validation mirroring KubeVirt's webhooks for the fields virtplug models.
+//!
+//! Validation never stops at the first problem: it returns every [`Cause`] with the field path
+//! and what to do, which the API server turns into a 422 `Invalid` Status.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::cdi::DataVolume;
+use crate::invariants;
+use crate::kubevirt::{DiskKind, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceSpec};
+
+/// Kubernetes' `CauseType` values used here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CauseType {
+    Required,
+    Invalid,
+    Duplicate,
+    NotSupported,
+    TooLong,
+    Forbidden,
+}
+
+impl CauseType {
+    /// The wire value (`FieldValueInvalid`, ...).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CauseType::Required => "FieldValueRequired",
+            CauseType::Invalid => "FieldValueInvalid",
+            CauseType::Duplicate => "FieldValueDuplicate",
+            CauseType::NotSupported => "FieldValueNotSupported",
+            CauseType::TooLong => "FieldValueTooLong",
+            CauseType::Forbidden => "FieldValueForbidden",
+        }
+    }
+}
+
+/// One violation: a field path (`spec.template.spec.volumes[1].name`) and what to do about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cause {
+    #[serde(rename = "reason")]
+    pub kind: String,
+    pub message: String,
+    pub field: String,
+}
+
+impl Cause {
+    /// A cause of `kind` at `field`.
+    #[must_use]
+    pub fn new(kind: CauseType, field: impl Into<String>, message: impl Into<String>) -> Self {
+        Cause { kind: kind.as_str().to_owned(), message: message.into(), field: field.into() }
+    }
+}
+
+/// Longest DNS-1123 label.
+pub const DNS1123_LABEL_MAX: usize = 63;
+/// Longest DNS-1123 subdomain (the longest object name).
+pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
+
+/// Checks a DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters).
+#[must_use]
+pub fn dns1123_label(value: &str, field: &str) -> Vec<Cause> {
+    if value.len() > DNS1123_LABEL_MAX {
+        return vec![Cause::new(
+            CauseType::TooLong,
+            field,
+            format!("{value:?} is {} characters long; it must be no more than {DNS1123_LABEL_MAX}", value.len()),
+        )];
+    }
+    if is_label(value) {
+        Vec::new()
+    } else {
+        vec![Cause::new(
+            CauseType::Invalid,
+            field,
+            format!(
+                "{value:?} is not a valid DNS-1123 label: use lower case letters, digits and '-', \
+                 starting and ending with a letter or digit (e.g. 'my-disk')"
+            ),
+        )]
+    }
+}
+
+/// Checks a DNS-1123 subdomain (dot-separated labels, at most 253 characters): object names.
+#[must_use]
+pub fn dns1123_subdomain(value: &str, field: &str) -> Vec<Cause> {
+    if value.len() > DNS1123_SUBDOMAIN_MAX {
+        return vec![Cause::new(
+            CauseType::TooLong,
+            field,
+            format!("name is {} characters long; it must be no more than {DNS1123_SUBDOMAIN_MAX}", value.len()),
+        )];
+    }
+    if !value.is_empty() && value.split('.').all(is_label) {
+        Vec::new()
+    } else {
+        vec![Cause::new(
+            CauseType::Invalid,
+            field,
+            format!(
+                "{value:?} is not a valid name: use lower case letters, digits, '-' and '.', \
+                 starting and ending with a letter or digit (e.g. 'my-vm')"
+            ),
+        )]
+    }
+}
+
+fn is_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= DNS1123_LABEL_MAX
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// Run strategies KubeVirt accepts.
+pub const RUN_STRATEGIES: [&str; 6] = ["Always", "Halted", "Manual", "RerunOnFailure", "Once", "WaitAsReceiver"];
+
+/// Validates a `VirtualMachine` given as JSON. Unparseable fields are reported by path.
+#[must_use]
+pub fn validate_vm(obj: &Value) -> Vec<Cause> {
+    let vm: VirtualMachine = match parse(obj) {
+        Ok(vm) => vm,
+        Err(cause) => return vec![cause],
+    };
+    let mut causes = Vec::new();
+    if vm.spec.running.is_some() && vm.spec.run_strategy.is_some() {
+        causes.push(Cause::new(
+            CauseType::Invalid,
+            "spec.running",
+            "running and runStrategy are mutually exclusive; remove spec.running and keep spec.runStrategy",
+        ));
+    }
+    if let Some(rs) = &vm.spec.run_strategy {
+        if !RUN_STRATEGIES.contains(&rs.as_str()) {
+            causes.push(Cause::new(
+                CauseType::NotSupported,
+                "spec.runStrategy",
+                format!("unsupported value {rs:?}; use one of {}", RUN_STRATEGIES.join(", ")),
+            ));
+        }
+    }
+    match &vm.spec.template.spec {
+        Some(spec) => causes.extend(validate_instance_spec(spec, "spec.template.spec")),
+        None => causes.push(Cause::new(
+            CauseType::Required,
+            "spec.template.spec",
+            "a VirtualMachine needs spec.template.spec with at least spec.template.spec.domain",
+        )),
+    }
+    causes
+}
+
+/// Validates a `VirtualMachineInstance` given as JSON.
+#[must_use]
+pub fn validate_vmi(obj: &Value) -> Vec<Cause> {
+    match parse::<VirtualMachineInstance>(obj) {
+        Ok(vmi) => validate_instance_spec(&vmi.spec, "spec"),
+        Err(cause) => vec![cause],
+    }
+}
+
+/// Validates a `DataVolume` given as JSON: exactly one source, a size unless cloning.
+#[must_use]
+pub fn validate_data_volume(obj: &Value) -> Vec<Cause> {
+    let dv: DataVolume = match parse(obj) {
+        Ok(dv) => dv,
+        Err(cause) => return vec![cause],
+    };
+    let mut causes = Vec::new();
+    match &dv.spec.source {
+        None => causes.push(Cause::new(
+            CauseType::Required,
+            "spec.source",
+            "a DataVolume needs a source: spec.source.http {url}, spec.source.blank {} or spec.source.pvc {namespace, name}",
+        )),
+        Some(src) => {
+            let n = usize::from(src.http.is_some()) + usize::from(src.blank.is_some()) + usize::from(src.pvc.is_some()) + src.extra.len();
+            if n != 1 {
+                causes.push(Cause::new(
+                    CauseType::Invalid,
+                    "spec.source",
+                    format!("exactly one source must be set, found {n}; keep one of http, blank, pvc"),
+                ));
+            }
+            if let Some(http) = &src.http {
+                if !(http.url.starts_with("http://") || http.url.starts_with("https://")) {
+                    causes.push(Cause::new(
+                        CauseType::NotSupported,
+                        "spec.source.http.url",
+                        format!("{:?} is not an http:// or https:// URL; only those schemes are imported", http.url),
+                    ));
+                }
+            }
+        }
+    }
+    if dv.spec.storage.is_none() && dv.spec.pvc.is_none() {
+        causes.push(Cause::new(
+            CauseType::Required,
+            "spec.storage",
+            "a DataVolume needs spec.storage (or spec.pvc) with resources.requests.storage",
+        ));
+    }
+    causes
+}
+
+fn parse<T: serde::de::DeserializeOwned>(obj: &Value) -> Result<T, Cause> {
+    serde_path_to_error::deserialize(obj).map_err(|e| {
+        let path = e.path().to_string();
+        Cause::new(CauseType::Invalid, if path == "." { String::new() } else { path }, e.inner().to_string())
+    })
+}
+
+/// Validates an instance spec (VMI `spec` or VM `spec.template.spec`) under `prefix`.
+#[must_use]
+pub fn validate_instance_spec(spec: &VirtualMachineInstanceSpec, prefix: &str) -> Vec<Cause> {
+    let mut causes = invariants::check(spec, prefix);
+    let disks_path = format!("{prefix}.domain.devices.disks");
+    for (i, disk) in spec.domain.devices.disks.iter().enumerate() {
+        let field = format!("{disks_path}[{i}]");
+        causes.extend(dns1123_label(&disk.name, &format!("{field}.name")));
+        if disk.kinds().len() > 1 {
+            causes.push(Cause::new(
+                CauseType::Invalid,
+                field.clone(),
+                format!("disk {:?} sets more than one of disk, lun, cdrom; keep exactly one", disk.name),
+            ));
+        }
+        let kind = disk.kind();
+        if let Some(bus) = disk.bus() {
+            let known: &[&str] = match kind {
+                DiskKind::Disk => &["virtio", "sata", "scsi", "usb"],
+                DiskKind::Lun => &["virtio", "sata", "scsi"],
+                DiskKind::Cdrom => &["sata", "scsi", "usb"],
+            };
+            if !known.contains(&bus) {
+                causes.push(Cause::new(
+                    CauseType::NotSupported,
+                    format!("{field}.{}.bus", kind.key()),
+                    format!("unsupported bus {bus:?} for a {}; use one of {}", kind.key(), known.join(", ")),
+                ));
+            }
+        }
+        let hotplug = spec.volumes.iter().any(|v| v.name == disk.name && v.is_hotpluggable());
+        if hotplug {
+            let allowed: &[&str] = match kind {
+                DiskKind::Disk => &["scsi", "virtio"],
+                DiskKind::Lun => &["scsi"],
+                DiskKind::Cdrom => &["sata"],
+            };
+            let bus = disk.bus().unwrap_or(match kind {
+                DiskKind::Cdrom => "sata",
+                _ => "virtio",
+            });
+            if !allowed.contains(&bus) {
+                causes.push(Cause::new(
+                    CauseType::NotSupported,
+                    format!("{field}.{}.bus", kind.key()),
+                    format!(
+                        "disk {:?} is hot-pluggable, and a hot-plugged {} must use bus {}; change the bus or set hotpluggable: false",
+                        disk.name,
+                        kind.key(),
+                        allowed.join(" or ")
+                    ),
+                ));
+            }
+        }
+    }
+    for (i, volume) in spec.volumes.iter().enumerate() {
+        let field = format!("{prefix}.volumes[{i}]");
+        causes.extend(dns1123_label(&volume.name, &format!("{field}.name")));
+        let sources = volume.source_keys();
+        if sources.len() != 1 {
+            causes.push(Cause::new(
+                if sources.is_empty() { CauseType::Required } else { CauseType::Invalid },
+                field.clone(),
+                format!(
+                    "volume {:?} must have exactly one source (persistentVolumeClaim, dataVolume, cloudInitNoCloud, emptyDisk, ...), found {}",
+                    volume.name,
+                    if sources.is_empty() { "none".to_owned() } else { sources.join(", ") }
+                ),
+            ));
+        }
+        if let Some(pvc) = &volume.persistent_volume_claim {
+            causes.extend(dns1123_subdomain(&pvc.claim_name, &format!("{field}.persistentVolumeClaim.claimName")));
+        }
+        if let Some(dv) = &volume.data_volume {
+            causes.extend(dns1123_subdomain(&dv.name, &format!("{field}.dataVolume.name")));
+        }
+    }
+    causes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vm(disks: Value, volumes: Value) -> Value {
+        json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"vm1"},
+               "spec":{"runStrategy":"Always","template":{"spec":{"domain":{"devices":{"disks":disks}},"volumes":volumes}}}})
+    }
+
+    #[test]
+    fn a_valid_vm_passes() {
+        let v = vm(
+            json!([{"name":"root","disk":{"bus":"virtio"},"bootOrder":1},{"name":"cd","cdrom":{"bus":"sata"}},
+                   {"name":"data","serial":"d1","disk":{"bus":"scsi"}}]),
+            json!([{"name":"root","emptyDisk":{"capacity":"1Gi"}},
+                   {"name":"data","persistentVolumeClaim":{"claimName":"pvc1","hotpluggable":true}}]),
+        );
+        assert_eq!(validate_vm(&v), vec![]);
+    }
+
+    #[test]
+    fn hotplug_bus_rules_name_the_bus_field() {
+        let v = vm(
+            json!([{"name":"a","disk":{"bus":"sata"}},{"name":"b","lun":{"bus":"virtio"}},{"name":"c","cdrom":{"bus":"scsi"}}]),
+            json!([{"name":"a","dataVolume":{"name":"dva","hotpluggable":true}},
+                   {"name":"b","persistentVolumeClaim":{"claimName":"b","hotpluggable":true}},
+                   {"name":"c","dataVolume":{"name":"iso","hotpluggable":true}}]),
+        );
+        let fields: Vec<String> = validate_vm(&v).into_iter().map(|c| c.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.template.spec.domain.devices.disks[0].disk.bus",
+                "spec.template.spec.domain.devices.disks[1].lun.bus",
+                "spec.template.spec.domain.devices.disks[2].cdrom.bus"
+            ]
+        );
+    }
+
+    #[test]
+    fn running_and_run_strategy_are_exclusive() {
+        let mut v = vm(json!([]), json!([]));
+        v["spec"]["running"] = json!(true);
+        let c = validate_vm(&v);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].field, "spec.running");
+    }
+
+    #[test]
+    fn wrong_types_are_reported_by_path() {
+        let v = vm(json!([{"name":"a","bootOrder":"first"}]), json!([]));
+        let c = validate_vm(&v);
+        assert_eq!(c.len(), 1);
+        assert!(c[0].field.contains("bootOrder"), "{c:?}");
+    }
+
+    #[test]
+    fn names_must_be_dns_labels() {
+        assert!(dns1123_label("ok-name-1", "f").is_empty());
+        assert_eq!(dns1123_label("Bad_Name", "f")[0].kind, "FieldValueInvalid");
+        assert_eq!(dns1123_label(&"a".repeat(64), "f")[0].kind, "FieldValueTooLong");
+        assert!(dns1123_subdomain("a.b-c", "f").is_empty());
+        assert!(!dns1123_subdomain("-a", "f").is_empty());
+    }
+
+    #[test]
+    fn data_volume_needs_one_http_or_https_source() {
+        let dv = json!({"apiVersion":"cdi.kubevirt.io/v1beta1","kind":"DataVolume","metadata":{"name":"d"},
+            "spec":{"source":{"http":{"url":"file:///etc/passwd"}},"storage":{"resources":{"requests":{"storage":"1Gi"}}}}});
+        let c = validate_data_volume(&dv);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].field, "spec.source.http.url");
+    }
+}

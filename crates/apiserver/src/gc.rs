@@ -1,0 +1,161 @@
+//! The garbage collector: owner-reference cascades (Background, Foreground, Orphan) and the
+//! namespace finalizer, as kube-controller-manager's garbage collector and namespace controller
+//! do.
+//!
+//! # Flow
+//! A task listens to the store's events. After a deletion, or a change to an object that is
+//! being deleted, it drains what else is queued and runs one sweep over all objects:
+//! - an object whose owners are all gone is deleted (background cascade);
+//! - dependents of an owner being deleted with `foregroundDeletion` are deleted, and the
+//!   finalizer is removed once none remain;
+//! - dependents of an owner being deleted with `orphan` lose that owner reference, then the
+//!   finalizer is removed;
+//! - a namespace being deleted has its content deleted, then its `kubernetes` finalizer removed.
+//!
+//! # Guarantees
+//! Every sweep only writes what must change, so sweeps settle. A sweep also runs at start, so
+//! work interrupted by a crash is finished.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+use crate::objects::{DeleteOptions, Objects, Part};
+use crate::patch::PatchKind;
+use crate::registry::{self, RESOURCES};
+use crate::store::EventType;
+
+fn uid(o: &Value) -> Option<&str> {
+    o.pointer("/metadata/uid").and_then(Value::as_str)
+}
+
+fn owner_uids(o: &Value) -> Vec<String> {
+    o.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|r| r.get("uid").and_then(Value::as_str)).map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+fn deleting_with(o: &Value, finalizer: &str) -> bool {
+    o.pointer("/metadata/deletionTimestamp").is_some()
+        && o.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| f.iter().any(|x| x == finalizer))
+}
+
+/// Runs the collector until the store closes.
+pub async fn run(objects: Objects) {
+    let mut rx = objects.store.watch(objects.store.revision()).map(|(_, rx)| rx).ok();
+    sweep(&objects).await;
+    let Some(rx) = rx.as_mut() else { return };
+    loop {
+        let mut relevant = false;
+        match rx.recv().await {
+            Ok(e) => relevant |= e.kind == EventType::Deleted || e.object.pointer("/metadata/deletionTimestamp").is_some(),
+            Err(broadcast::error::RecvError::Lagged(_)) => relevant = true,
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+        // Coalesce whatever else is queued into the same sweep.
+        loop {
+            match rx.try_recv() {
+                Ok(e) => relevant |= e.kind == EventType::Deleted || e.object.pointer("/metadata/deletionTimestamp").is_some(),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => relevant = true,
+                Err(_) => break,
+            }
+        }
+        if relevant {
+            sweep(&objects).await;
+        }
+    }
+}
+
+struct Item {
+    key: String,
+    obj: Arc<Value>,
+}
+
+impl Item {
+    fn def(&self) -> Option<&'static registry::ResourceDef> {
+        // Keys are /<group>/<plural>/[<ns>/]<name>.
+        let mut parts = self.key.splitn(4, '/').skip(1);
+        let group = parts.next()?;
+        let plural = parts.next()?;
+        RESOURCES.iter().find(|r| r.group == group && r.plural == plural)
+    }
+    fn ns(&self) -> Option<&str> {
+        self.obj.pointer("/metadata/namespace").and_then(Value::as_str)
+    }
+    fn name(&self) -> &str {
+        self.obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default()
+    }
+}
+
+/// One pass over every object; see the module docs.
+pub async fn sweep(objects: &Objects) {
+    let items: Vec<Item> = objects.store.all().into_iter().map(|(key, s)| Item { key, obj: s.object }).collect();
+    let by_uid: HashMap<&str, &Item> = items.iter().filter_map(|i| uid(&i.obj).map(|u| (u, i))).collect();
+    let mut has_dependents: HashSet<String> = HashSet::new();
+
+    for item in &items {
+        let owners = owner_uids(&item.obj);
+        if owners.is_empty() {
+            continue;
+        }
+        let Some(def) = item.def() else { continue };
+        let alive: Vec<&&Item> = owners.iter().filter_map(|u| by_uid.get(u.as_str())).collect();
+        for o in &alive {
+            if let Some(u) = uid(&o.obj) {
+                has_dependents.insert(u.to_owned());
+            }
+        }
+        let orphaning: Vec<&str> = alive.iter().filter(|o| deleting_with(&o.obj, "orphan")).filter_map(|o| uid(&o.obj)).collect();
+        let foreground = alive.iter().any(|o| deleting_with(&o.obj, "foregroundDeletion"));
+        if alive.is_empty() || foreground {
+            if item.obj.pointer("/metadata/deletionTimestamp").is_none() {
+                let _ = objects.delete(def, item.ns(), item.name(), &DeleteOptions::default()).await;
+            }
+        } else if !orphaning.is_empty() {
+            let refs = item.obj.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
+            let kept: Vec<Value> = refs.into_iter().filter(|r| !orphaning.iter().any(|u| r.get("uid").and_then(Value::as_str) == Some(*u))).collect();
+            let body = json!({"metadata": {"ownerReferences": if kept.is_empty() { Value::Null } else { Value::Array(kept) }}});
+            let _ = objects.patch(def, item.ns(), item.name(), PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await;
+        }
+    }
+
+    for item in &items {
+        let Some(def) = item.def() else { continue };
+        let Some(u) = uid(&item.obj) else { continue };
+        for fin in ["orphan", "foregroundDeletion"] {
+            if deleting_with(&item.obj, fin) && !has_dependents.contains(u) {
+                remove_finalizer(objects, def, item, fin).await;
+            }
+        }
+        if def.kind == "Namespace" && item.obj.pointer("/metadata/deletionTimestamp").is_some() {
+            let ns = item.name();
+            let content: Vec<&Item> = items.iter().filter(|i| i.ns() == Some(ns) && i.def().is_some_and(|d| d.namespaced)).collect();
+            if content.is_empty() {
+                let body = json!({"spec": {"finalizers": null}});
+                let _ = objects.patch(def, None, ns, PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await;
+            } else {
+                for c in content {
+                    if let Some(cdef) = c.def() {
+                        if c.obj.pointer("/metadata/deletionTimestamp").is_none() {
+                            let _ = objects.delete(cdef, c.ns(), c.name(), &DeleteOptions::default()).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn remove_finalizer(objects: &Objects, def: &registry::ResourceDef, item: &Item, fin: &str) {
+    let fins: Vec<Value> = item
+        .obj
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter(|x| *x != fin).cloned().collect())
+        .unwrap_or_default();
+    let body = json!({"metadata": {"finalizers": if fins.is_empty() { Value::Null } else { Value::Array(fins) }}});
+    let _ = objects.patch(def, item.ns(), item.name(), PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await;
+}

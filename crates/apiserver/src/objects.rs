@@ -1,0 +1,493 @@
+//! The verbs on stored objects: create, get, list, update, patch, delete, with Kubernetes'
+//! semantics for metadata, resourceVersion preconditions, the status subresource and finalizers.
+//! HTTP parsing lives in `routes`; this module works on JSON values and returns [`ApiError`]s.
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use crate::patch::{self, PatchKind};
+use crate::registry::{self, ResourceDef};
+use crate::status::ApiError;
+use crate::store::{Op, Store, StoreError, Stored};
+
+/// How many times a write without a client precondition is re-applied to a fresh read when
+/// another writer got in between (the apiserver's `GuaranteedUpdate` loop).
+const INTERNAL_RETRIES: usize = 16;
+
+/// Which part of the object a write may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Everything but `status` (for resources with a status subresource).
+    Main,
+    /// Only `status`.
+    Status,
+}
+
+/// `propagationPolicy` of a delete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Propagation {
+    Background,
+    Foreground,
+    Orphan,
+}
+
+/// Options of a delete (body `DeleteOptions` and query).
+#[derive(Clone, Debug, Default)]
+pub struct DeleteOptions {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    pub propagation: Option<Propagation>,
+    pub dry_run: bool,
+}
+
+/// The object verbs over one store.
+#[derive(Clone)]
+pub struct Objects {
+    pub store: Store,
+}
+
+fn now() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn meta(obj: &Value) -> &Value {
+    obj.get("metadata").unwrap_or(&Value::Null)
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    meta(obj).get(field).and_then(Value::as_str)
+}
+
+fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    match obj.get_mut("metadata") {
+        Some(Value::Object(m)) => m,
+        _ => unreachable!("metadata was just made an object"),
+    }
+}
+
+/// Whether an object still has finalizers (metadata, or a namespace's `spec.finalizers`).
+fn has_finalizers(obj: &Value) -> bool {
+    let non_empty = |v: Option<&Value>| v.and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+    non_empty(obj.pointer("/metadata/finalizers")) || non_empty(obj.pointer("/spec/finalizers"))
+}
+
+fn store_err(def: &ResourceDef, name: &str, e: StoreError) -> ApiError {
+    match e {
+        StoreError::Exists { .. } => ApiError::already_exists(def.group, def.plural, name),
+        StoreError::NotFound { .. } => ApiError::not_found(def.group, def.plural, name),
+        StoreError::Conflict { .. } => ApiError::conflict(def.group, def.plural, name),
+        StoreError::Compacted { requested, oldest } => ApiError::expired(requested, oldest),
+        e @ (StoreError::Sqlite { .. } | StoreError::WriterGone) => {
+            ApiError::internal(format!("storing {} {name:?} failed: {e}; nothing was stored", def.kind))
+        }
+    }
+}
+
+impl Objects {
+    /// Reads one object.
+    ///
+    /// # Errors
+    /// 404 when it does not exist.
+    pub fn get(&self, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<Stored, ApiError> {
+        self.store.get(&def.key(ns, name)).ok_or_else(|| ApiError::not_found(def.group, def.plural, name))
+    }
+
+    /// Checks that the namespace of a namespaced write exists and is not being deleted.
+    fn check_namespace(&self, def: &ResourceDef, ns: Option<&str>, creating: bool) -> Result<(), ApiError> {
+        if !def.namespaced {
+            return Ok(());
+        }
+        let ns = ns.ok_or_else(|| ApiError::bad_request(format!("{} is namespaced: send it to /namespaces/NAMESPACE/{}", def.kind, def.plural)))?;
+        let nsdef = registry::find("", "v1", "namespaces").ok_or_else(ApiError::no_resource)?;
+        match self.store.get(&nsdef.key(None, ns)) {
+            None => Err(ApiError::not_found("", "namespaces", ns)),
+            Some(s) if creating && s.object.pointer("/metadata/deletionTimestamp").is_some() => Err(ApiError::forbidden(format!(
+                "unable to create new content in namespace {ns} because it is being terminated"
+            ))),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Creates an object (POST). `ns` comes from the URL.
+    ///
+    /// # Errors
+    /// 400 for a wrong kind, apiVersion or namespace, 404 for a missing namespace, 409
+    /// AlreadyExists, 422 for an invalid name or spec.
+    pub async fn create(&self, def: &ResourceDef, ns: Option<&str>, mut obj: Value, dry_run: bool) -> Result<Value, ApiError> {
+        check_type(def, &mut obj)?;
+        {
+            let m = meta_mut(&mut obj);
+            match (m.get("namespace").and_then(Value::as_str), ns) {
+                (Some(body_ns), Some(url_ns)) if def.namespaced && !body_ns.is_empty() && body_ns != url_ns => {
+                    return Err(ApiError::bad_request(format!(
+                        "the namespace of the provided object ({body_ns}) does not match the namespace sent on the request ({url_ns})"
+                    )));
+                }
+                _ => {}
+            }
+            if def.namespaced {
+                if let Some(ns) = ns {
+                    m.insert("namespace".into(), json!(ns));
+                }
+            } else {
+                m.remove("namespace");
+            }
+            let has_name = m.get("name").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+            if !has_name {
+                let Some(prefix) = m.get("generateName").and_then(Value::as_str).filter(|g| !g.is_empty()) else {
+                    return Err(ApiError::invalid(def.group, def.kind, "", vec![api::validation::Cause::new(
+                        api::validation::CauseType::Required,
+                        "metadata.name",
+                        "name or generateName is required",
+                    )]));
+                };
+                let suffix: String = (0..5).map(|_| char::from(b"bcdfghjklmnpqrstvwxz2456789"[rand::random_range(0..27)])).collect();
+                let name = format!("{prefix}{suffix}");
+                m.insert("name".into(), json!(name));
+            }
+            m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+            m.insert("creationTimestamp".into(), json!(now()));
+            m.remove("resourceVersion");
+            m.remove("deletionTimestamp");
+            m.remove("deletionGracePeriodSeconds");
+            m.remove("selfLink");
+            if def.custom || def.kind == "Namespace" {
+                m.insert("generation".into(), json!(1));
+            } else {
+                m.remove("generation");
+            }
+        }
+        let name = meta_str(&obj, "name").unwrap_or_default().to_owned();
+        let name_causes = api::validation::dns1123_subdomain(&name, "metadata.name");
+        if !name_causes.is_empty() {
+            return Err(ApiError::invalid(def.group, def.kind, &name, name_causes));
+        }
+        if def.kind != "Namespace" {
+            self.check_namespace(def, ns, true)?;
+        }
+        // A new object starts without status where status is a subresource (as for CRDs), with
+        // the phase the core controllers would give it otherwise.
+        match def.kind {
+            "PersistentVolumeClaim" => obj["status"] = json!({"phase": "Pending"}),
+            "Namespace" => {
+                obj["status"] = json!({"phase": "Active"});
+                obj["spec"] = json!({"finalizers": ["kubernetes"]});
+            }
+            _ if def.status => {
+                if let Some(o) = obj.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+            _ => {}
+        }
+        self.validate(def, &name, &obj)?;
+        if dry_run {
+            return Ok(obj);
+        }
+        let key = def.key(ns, &name);
+        let ev = self.store.write(Op::Create { key, object: obj }).await.map_err(|e| store_err(def, &name, e))?;
+        Ok((*ev.object).clone())
+    }
+
+    fn validate(&self, def: &ResourceDef, name: &str, obj: &Value) -> Result<(), ApiError> {
+        if let Some(validate) = def.validate {
+            let causes = validate(obj);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(def.group, def.kind, name, causes));
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces an object (PUT), the whole of it or its status.
+    ///
+    /// # Errors
+    /// 409 Conflict when `metadata.resourceVersion` is stale (required for custom resources),
+    /// 404, 400, 422 as for create.
+    pub async fn replace(&self, def: &ResourceDef, ns: Option<&str>, name: &str, mut obj: Value, part: Part, dry_run: bool) -> Result<Value, ApiError> {
+        check_type(def, &mut obj)?;
+        if meta_str(&obj, "name").is_some_and(|n| n != name) {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({}) does not match the name on the URL ({name})",
+                meta_str(&obj, "name").unwrap_or_default()
+            )));
+        }
+        let want_rv = meta_str(&obj, "resourceVersion").filter(|s| !s.is_empty()).map(str::to_owned);
+        if want_rv.is_none() && def.custom {
+            return Err(ApiError::invalid(def.group, def.kind, name, vec![api::validation::Cause::new(
+                api::validation::CauseType::Invalid,
+                "metadata.resourceVersion",
+                "must be specified for an update: read the object and send it back with its resourceVersion",
+            )]));
+        }
+        self.guaranteed_update(def, ns, name, want_rv.is_some(), dry_run, |cur| {
+            if let Some(rv) = &want_rv {
+                if *rv != cur.rv.to_string() {
+                    return Err(ApiError::conflict(def.group, def.plural, name));
+                }
+            }
+            Ok(obj.clone())
+        }, part)
+        .await
+    }
+
+    /// Patches an object (PATCH), the whole of it or its status.
+    ///
+    /// A `metadata.resourceVersion` that the patch leaves in the object (a merge patch that
+    /// carries one, or a JSON patch that replaces it) is a precondition: 409 when it is stale.
+    ///
+    /// # Errors
+    /// 415 for strategic merge patch on a custom resource and for server-side apply; 400 for a
+    /// body that is not a patch; 422 when a JSON patch operation fails; 409; 404.
+    pub async fn patch(&self, def: &ResourceDef, ns: Option<&str>, name: &str, kind: PatchKind, body: &[u8], part: Part, dry_run: bool) -> Result<Value, ApiError> {
+        if kind == PatchKind::Strategic && def.custom {
+            return Err(ApiError::unsupported_media(
+                "the body of the request was in an unknown format - accepted media types include: \
+                 application/json-patch+json, application/merge-patch+json",
+            ));
+        }
+        // Parse once up front so a malformed body is 400 even for a missing object.
+        patch::apply(kind, &json!({}), body).or_else(|e| if e.code == 422 { Ok(Value::Null) } else { Err(e) })?;
+        let preconditioned = patch_carries_rv(kind, body);
+        self.guaranteed_update(def, ns, name, preconditioned, dry_run, |cur| {
+            let patched = patch::apply(kind, &cur.object, body)?;
+            if let Some(rv) = meta_str(&patched, "resourceVersion") {
+                if rv != cur.rv.to_string() {
+                    return Err(ApiError::conflict(def.group, def.plural, name));
+                }
+            }
+            Ok(patched)
+        }, part)
+        .await
+    }
+
+    /// Read, compute the new object with `compute`, write with a compare-and-swap on the read
+    /// revision. When the client gave no precondition a lost race is retried on a fresh read.
+    #[allow(clippy::too_many_arguments)]
+    async fn guaranteed_update(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        name: &str,
+        preconditioned: bool,
+        dry_run: bool,
+        compute: impl Fn(&Stored) -> Result<Value, ApiError>,
+        part: Part,
+    ) -> Result<Value, ApiError> {
+        let key = def.key(ns, name);
+        for _ in 0..INTERNAL_RETRIES {
+            let cur = self.get(def, ns, name)?;
+            let mut new = compute(&cur)?;
+            check_type(def, &mut new)?;
+            let new = merge_server_fields(def, &cur.object, new, part);
+            if part == Part::Main {
+                self.validate(def, name, &new)?;
+            }
+            if *cur.object == new {
+                return Ok(new);
+            }
+            if dry_run {
+                return Ok(new);
+            }
+            let op = if meta(&new).get("deletionTimestamp").is_some() && !has_finalizers(&new) {
+                Op::Delete { key: key.clone(), expected: cur.rv }
+            } else {
+                Op::Update { key: key.clone(), expected: cur.rv, object: new }
+            };
+            match self.store.write(op).await {
+                Ok(ev) => return Ok((*ev.object).clone()),
+                Err(StoreError::Conflict { .. }) if !preconditioned => continue,
+                Err(e) => return Err(store_err(def, name, e)),
+            }
+        }
+        Err(ApiError::conflict(def.group, def.plural, name))
+    }
+
+    /// Deletes an object, honouring preconditions, finalizers and the propagation policy.
+    /// Returns the object as deleted (or as marked for deletion while finalizers remain).
+    ///
+    /// # Errors
+    /// 404; 409 when a precondition fails; 403 for the `default` namespace.
+    pub async fn delete(&self, def: &ResourceDef, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> Result<Value, ApiError> {
+        if def.kind == "Namespace" && matches!(name, "default" | "kube-system" | "kube-public") {
+            return Err(ApiError::forbidden(format!("namespaces \"{name}\" is forbidden: this namespace may not be deleted")));
+        }
+        let key = def.key(ns, name);
+        for _ in 0..INTERNAL_RETRIES {
+            let cur = self.get(def, ns, name)?;
+            if let Some(uid) = &opts.uid {
+                let actual = meta_str(&cur.object, "uid").unwrap_or_default();
+                if uid != actual {
+                    return Err(ApiError::precondition(def.group, def.plural, name, &format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
+                    )));
+                }
+            }
+            if let Some(rv) = &opts.resource_version {
+                if *rv != cur.rv.to_string() {
+                    return Err(ApiError::precondition(def.group, def.plural, name, &format!(
+                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                        cur.rv
+                    )));
+                }
+            }
+            let mut obj = (*cur.object).clone();
+            let policy_finalizer = match opts.propagation {
+                Some(Propagation::Foreground) => Some("foregroundDeletion"),
+                Some(Propagation::Orphan) => Some("orphan"),
+                _ => None,
+            };
+            let already_deleting = meta(&obj).get("deletionTimestamp").is_some();
+            if let Some(f) = policy_finalizer {
+                if !already_deleting {
+                    let m = meta_mut(&mut obj);
+                    let fins = m.entry("finalizers").or_insert_with(|| json!([]));
+                    if let Some(a) = fins.as_array_mut() {
+                        if !a.iter().any(|x| x == f) {
+                            a.push(json!(f));
+                        }
+                    }
+                }
+            }
+            let op = if has_finalizers(&obj) {
+                if already_deleting && *cur.object == obj {
+                    return Ok(obj);
+                }
+                let m = meta_mut(&mut obj);
+                if !already_deleting {
+                    m.insert("deletionTimestamp".into(), json!(now()));
+                    m.insert("deletionGracePeriodSeconds".into(), json!(0));
+                }
+                if def.kind == "Namespace" {
+                    obj["status"]["phase"] = json!("Terminating");
+                }
+                Op::Update { key: key.clone(), expected: cur.rv, object: obj.clone() }
+            } else {
+                Op::Delete { key: key.clone(), expected: cur.rv }
+            };
+            if opts.dry_run {
+                return Ok(obj);
+            }
+            match self.store.write(op).await {
+                Ok(ev) => return Ok((*ev.object).clone()),
+                Err(StoreError::Conflict { .. }) if opts.resource_version.is_none() => continue,
+                Err(e) => return Err(store_err(def, name, e)),
+            }
+        }
+        Err(ApiError::conflict(def.group, def.plural, name))
+    }
+
+    /// All objects of `def` in `ns` (all namespaces when `None`), after `after`, with the revision.
+    #[must_use]
+    pub fn list(&self, def: &ResourceDef, ns: Option<&str>, after: Option<&str>) -> (u64, Vec<(String, Arc<Value>)>) {
+        let (rv, items) = self.store.list(&def.prefix(ns), after);
+        (rv, items.into_iter().map(|(k, s)| (k, s.object)).collect())
+    }
+}
+
+/// Whether a patch body sets `metadata.resourceVersion` (making it a precondition).
+fn patch_carries_rv(kind: PatchKind, body: &[u8]) -> bool {
+    match kind {
+        PatchKind::Merge | PatchKind::Strategic => serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v.pointer("/metadata/resourceVersion").cloned())
+            .is_some_and(|v| v.is_string()),
+        PatchKind::Json => serde_json::from_slice::<Vec<Value>>(body).ok().is_some_and(|ops| {
+            ops.iter().any(|op| op["path"] == "/metadata/resourceVersion" && matches!(op["op"].as_str(), Some("test" | "replace" | "add")))
+        }),
+        PatchKind::Apply => false,
+    }
+}
+
+/// Sets or checks `apiVersion` and `kind` of a body for `def`.
+fn check_type(def: &ResourceDef, obj: &mut Value) -> Result<(), ApiError> {
+    let Some(map) = obj.as_object_mut() else {
+        return Err(ApiError::bad_request(format!("the body must be a JSON or YAML object of kind {}", def.kind)));
+    };
+    let want_av = def.api_version();
+    match map.get("apiVersion").and_then(Value::as_str) {
+        None | Some("") => {
+            map.insert("apiVersion".into(), json!(want_av));
+        }
+        Some(av) if av != want_av => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({av}) does not match the expected API version ({want_av})"
+            )));
+        }
+        Some(_) => {}
+    }
+    match map.get("kind").and_then(Value::as_str) {
+        None | Some("") => {
+            map.insert("kind".into(), json!(def.kind));
+        }
+        Some(k) if k != def.kind => {
+            return Err(ApiError::bad_request(format!("the kind in the data ({k}) does not match the expected kind ({})", def.kind)));
+        }
+        Some(_) => {}
+    }
+    if map.get("metadata").is_some_and(|m| !m.is_object()) {
+        return Err(ApiError::bad_request("metadata must be an object"));
+    }
+    Ok(())
+}
+
+/// Builds the object to store from the current one and what the client sent: identity fields
+/// stay the server's, status writes change only status, main writes keep the old status, and
+/// `generation` moves when the spec changes.
+fn merge_server_fields(def: &ResourceDef, cur: &Value, sent: Value, part: Part) -> Value {
+    let mut new = if part == Part::Status {
+        let mut n = cur.clone();
+        n["status"] = sent.get("status").cloned().unwrap_or(Value::Null);
+        if n["status"].is_null() {
+            if let Some(o) = n.as_object_mut() {
+                o.remove("status");
+            }
+        }
+        n
+    } else {
+        let mut n = sent;
+        if def.status {
+            match cur.get("status") {
+                Some(s) => n["status"] = s.clone(),
+                None => {
+                    if let Some(o) = n.as_object_mut() {
+                        o.remove("status");
+                    }
+                }
+            }
+        }
+        n
+    };
+    let old_meta = meta(cur).clone();
+    let m = meta_mut(&mut new);
+    for field in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+        match old_meta.get(field) {
+            Some(v) => {
+                m.insert(field.into(), v.clone());
+            }
+            None => {
+                m.remove(field);
+            }
+        }
+    }
+    m.insert("resourceVersion".into(), old_meta.get("resourceVersion").cloned().unwrap_or(Value::Null));
+    if part == Part::Main && old_meta.get("generation").is_some() {
+        let spec_of = |v: &Value| {
+            let mut v = v.clone();
+            if let Some(o) = v.as_object_mut() {
+                o.remove("metadata");
+                o.remove("status");
+            }
+            v
+        };
+        if spec_of(cur) != spec_of(&new) {
+            let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1) + 1;
+            meta_mut(&mut new).insert("generation".into(), json!(g));
+        }
+    }
+    new
+}

@@ -1,0 +1,480 @@
+//! The embedded store: SQLite in WAL mode with `synchronous=FULL`, one global revision, a
+//! changelog for watches, and an in-memory copy of the current objects for reads.
+//!
+//! # Flow
+//! One OS thread owns the write connection. Writers send [`Write`]s over a channel; the thread
+//! takes every request already queued (group commit), checks each compare-and-swap against the
+//! current state plus the earlier requests of the same batch, applies all that pass in one
+//! transaction, commits (fsync), then updates the in-memory state, appends to the changelog,
+//! broadcasts the events and answers each writer.
+//!
+//! # Guarantees
+//! - An acknowledged write has been committed with `synchronous=FULL`: it survives `kill -9` and
+//!   power loss (as far as the disk honours fsync).
+//! - Revisions are strictly increasing and gapless across restarts; every object carries the
+//!   revision of its last write as `metadata.resourceVersion`.
+//! - Events reach subscribers in revision order, after the commit.
+//! - A watch from a revision older than the changelog window gets [`StoreError::Compacted`].
+//!
+//! # Caveats
+//! Lists are served from the current state: a list at an older revision is not possible
+//! (`Exact` on an old revision answers 410, as a compacted etcd would).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, RwLock, RwLockReadGuard};
+use std::thread;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::Value;
+use tokio::sync::{broadcast, oneshot};
+
+/// What changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    /// The watch wire name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+    fn code(self) -> i64 {
+        match self {
+            EventType::Added => 0,
+            EventType::Modified => 1,
+            EventType::Deleted => 2,
+        }
+    }
+    fn from_code(c: i64) -> Self {
+        match c {
+            0 => EventType::Added,
+            1 => EventType::Modified,
+            _ => EventType::Deleted,
+        }
+    }
+}
+
+/// One committed change. For `Deleted` the object is its last state, stamped with the revision
+/// of the deletion.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub rv: u64,
+    pub key: String,
+    pub kind: EventType,
+    pub object: Arc<Value>,
+}
+
+/// An object as stored.
+#[derive(Clone, Debug)]
+pub struct Stored {
+    pub rv: u64,
+    pub object: Arc<Value>,
+}
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("object {key} already exists")]
+    Exists { key: String },
+    #[error("object {key} not found")]
+    NotFound { key: String },
+    #[error("object {key} is at revision {actual}, not {expected}")]
+    Conflict { key: String, expected: u64, actual: u64 },
+    #[error("revision {requested} is older than the oldest kept revision {oldest}")]
+    Compacted { requested: u64, oldest: u64 },
+    #[error("the store failed at {path}")]
+    Sqlite {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("the store's writer thread has stopped")]
+    WriterGone,
+}
+
+/// A compare-and-swap write.
+#[derive(Debug)]
+pub enum Op {
+    /// Create `key`; fails with `Exists` if it is there.
+    Create { key: String, object: Value },
+    /// Replace `key` if it is at revision `expected`.
+    Update { key: String, expected: u64, object: Value },
+    /// Delete `key` if it is at revision `expected`.
+    Delete { key: String, expected: u64 },
+}
+
+struct Write {
+    op: Op,
+    reply: oneshot::Sender<Result<Event, StoreError>>,
+}
+
+struct State {
+    objects: BTreeMap<String, Stored>,
+    revision: u64,
+    log: VecDeque<Event>,
+    /// The oldest revision a watch may start from (events after it are all in `log`).
+    oldest: u64,
+}
+
+/// Tunables.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// How many events the changelog keeps for watch resumption (etcd's compaction window).
+    pub watch_window: usize,
+    /// Capacity of the live event broadcast; a watcher further behind is sent 410.
+    pub broadcast_capacity: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { watch_window: 10_000, broadcast_capacity: 16_384 }
+    }
+}
+
+/// Handle to the store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    state: Arc<RwLock<State>>,
+    writer: mpsc::Sender<Write>,
+    events: broadcast::Sender<Event>,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS objects (key TEXT PRIMARY KEY, rv INTEGER NOT NULL, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS log (rv INTEGER PRIMARY KEY, key TEXT NOT NULL, type INTEGER NOT NULL, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);
+";
+
+impl Store {
+    /// Opens (or creates) the store at `path`.
+    ///
+    /// # Errors
+    /// `Sqlite` when the file cannot be opened, is not a virtplug store, or a read fails.
+    pub fn open(path: &Path, config: &StoreConfig) -> Result<Store, StoreError> {
+        let sql = |source| StoreError::Sqlite { path: path.to_owned(), source };
+        let conn = Connection::open(path).map_err(sql)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(sql)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(sql)?;
+        conn.execute_batch(SCHEMA).map_err(sql)?;
+
+        let revision: u64 = conn
+            .query_row("SELECT v FROM meta WHERE k = 'revision'", [], |r| r.get::<_, i64>(0))
+            .optional()
+            .map_err(sql)?
+            .map_or(0, |v| u64::try_from(v).unwrap_or(0));
+        let mut objects = BTreeMap::new();
+        {
+            let mut stmt = conn.prepare("SELECT key, rv, value FROM objects").map_err(sql)?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, Vec<u8>>(2)?)))
+                .map_err(sql)?;
+            for row in rows {
+                let (key, rv, value) = row.map_err(sql)?;
+                let object: Value = serde_json::from_slice(&value).unwrap_or(Value::Null);
+                objects.insert(key, Stored { rv: u64::try_from(rv).unwrap_or(0), object: Arc::new(object) });
+            }
+        }
+        let mut log = VecDeque::new();
+        {
+            let mut stmt = conn
+                .prepare("SELECT rv, key, type, value FROM (SELECT * FROM log ORDER BY rv DESC LIMIT ?1) ORDER BY rv")
+                .map_err(sql)?;
+            let limit = i64::try_from(config.watch_window).unwrap_or(i64::MAX);
+            let rows = stmt
+                .query_map([limit], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, Vec<u8>>(3)?))
+                })
+                .map_err(sql)?;
+            for row in rows {
+                let (rv, key, kind, value) = row.map_err(sql)?;
+                let object: Value = serde_json::from_slice(&value).unwrap_or(Value::Null);
+                log.push_back(Event {
+                    rv: u64::try_from(rv).unwrap_or(0),
+                    key,
+                    kind: EventType::from_code(kind),
+                    object: Arc::new(object),
+                });
+            }
+        }
+        let oldest = log.front().map_or(revision, |e| e.rv - 1);
+        let state = Arc::new(RwLock::new(State { objects, revision, log, oldest }));
+        let (events, _) = broadcast::channel(config.broadcast_capacity);
+        let (tx, rx) = mpsc::channel::<Write>();
+        let writer = Writer {
+            conn,
+            path: path.to_owned(),
+            state: Arc::clone(&state),
+            events: events.clone(),
+            window: config.watch_window,
+        };
+        thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer.run(&rx))
+            .map_err(|e| StoreError::Sqlite { path: path.to_owned(), source: rusqlite::Error::ToSqlConversionFailure(Box::new(e)) })?;
+        Ok(Store { state, writer: tx, events })
+    }
+
+    /// Applies one compare-and-swap write and returns its event once it is durable.
+    ///
+    /// # Errors
+    /// `Exists`, `NotFound`, `Conflict` when the precondition fails; `Sqlite` when the commit
+    /// failed (nothing of it is stored); `WriterGone` after shutdown.
+    pub async fn write(&self, op: Op) -> Result<Event, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.writer.send(Write { op, reply }).map_err(|_| StoreError::WriterGone)?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// The current object at `key`.
+    #[must_use]
+    pub fn get(&self, key: &str) -> Option<Stored> {
+        self.read().objects.get(key).cloned()
+    }
+
+    /// Objects whose key starts with `prefix` and sorts after `after` (for pagination),
+    /// with the current revision.
+    #[must_use]
+    pub fn list(&self, prefix: &str, after: Option<&str>) -> (u64, Vec<(String, Stored)>) {
+        let st = self.read();
+        let start = after.map_or_else(|| prefix.to_owned(), |a| format!("{a}\u{0}"));
+        let items = st
+            .objects
+            .range(start..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        (st.revision, items)
+    }
+
+    /// Every object (for the garbage collector's scans).
+    #[must_use]
+    pub fn all(&self) -> Vec<(String, Stored)> {
+        self.read().objects.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// The current revision.
+    #[must_use]
+    pub fn revision(&self) -> u64 {
+        self.read().revision
+    }
+
+    /// Subscribes to events after `from`: returns the backlog (events with rv > `from`, in
+    /// order) and a live receiver. Events in both overlap at most; skip rv <= the last seen.
+    ///
+    /// # Errors
+    /// `Compacted` when `from` is older than the window.
+    pub fn watch(&self, from: u64) -> Result<(Vec<Event>, broadcast::Receiver<Event>), StoreError> {
+        let st = self.read();
+        // Subscribe under the read lock: the writer publishes under the write lock, so nothing
+        // can fall between the backlog and the live stream.
+        let rx = self.events.subscribe();
+        if from < st.oldest {
+            return Err(StoreError::Compacted { requested: from, oldest: st.oldest });
+        }
+        let backlog = st.log.iter().filter(|e| e.rv > from).cloned().collect();
+        Ok((backlog, rx))
+    }
+
+    /// The oldest revision a watch may start from.
+    #[must_use]
+    pub fn oldest(&self) -> u64 {
+        self.read().oldest
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        // A writer that panicked leaves consistent data: the state is replaced whole per batch.
+        self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+struct Writer {
+    conn: Connection,
+    path: PathBuf,
+    state: Arc<RwLock<State>>,
+    events: broadcast::Sender<Event>,
+    window: usize,
+}
+
+/// Most writes committed in one transaction.
+const MAX_BATCH: usize = 512;
+
+impl Writer {
+    fn run(mut self, rx: &mpsc::Receiver<Write>) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(w) => batch.push(w),
+                    Err(_) => break,
+                }
+            }
+            self.commit(batch);
+        }
+    }
+
+    fn commit(&mut self, batch: Vec<Write>) {
+        let mut revision = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner).revision;
+        // Decide every request against the current state plus earlier requests in this batch.
+        let mut overlay: HashMap<String, Option<Stored>> = HashMap::new();
+        let mut accepted: Vec<(Event, oneshot::Sender<Result<Event, StoreError>>)> = Vec::new();
+        for w in batch {
+            let key = match &w.op {
+                Op::Create { key, .. } | Op::Update { key, .. } | Op::Delete { key, .. } => key.clone(),
+            };
+            let current = match overlay.get(&key) {
+                Some(v) => v.clone(),
+                None => self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner).objects.get(&key).cloned(),
+            };
+            let decided = match (w.op, current) {
+                (Op::Create { .. }, Some(_)) => Err(StoreError::Exists { key: key.clone() }),
+                (Op::Create { object, .. }, None) => Ok((EventType::Added, object)),
+                (Op::Update { .. } | Op::Delete { .. }, None) => Err(StoreError::NotFound { key: key.clone() }),
+                (Op::Update { expected, object, .. }, Some(cur)) => {
+                    if cur.rv == expected {
+                        Ok((EventType::Modified, object))
+                    } else {
+                        Err(StoreError::Conflict { key: key.clone(), expected, actual: cur.rv })
+                    }
+                }
+                (Op::Delete { expected, .. }, Some(cur)) => {
+                    if cur.rv == expected {
+                        Ok((EventType::Deleted, (*cur.object).clone()))
+                    } else {
+                        Err(StoreError::Conflict { key: key.clone(), expected, actual: cur.rv })
+                    }
+                }
+            };
+            match decided {
+                Err(e) => {
+                    let _ = w.reply.send(Err(e));
+                }
+                Ok((kind, mut object)) => {
+                    revision += 1;
+                    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+                        meta.insert("resourceVersion".into(), Value::String(revision.to_string()));
+                    }
+                    let object = Arc::new(object);
+                    let stored = (kind != EventType::Deleted).then(|| Stored { rv: revision, object: Arc::clone(&object) });
+                    overlay.insert(key.clone(), stored);
+                    accepted.push((Event { rv: revision, key, kind, object }, w.reply));
+                }
+            }
+        }
+        if accepted.is_empty() {
+            return;
+        }
+        if let Err(source) = self.persist(&accepted, revision) {
+            let msg = source.to_string();
+            for (_, reply) in accepted {
+                let _ = reply.send(Err(StoreError::Sqlite {
+                    path: self.path.clone(),
+                    source: rusqlite::Error::InvalidParameterName(msg.clone()),
+                }));
+            }
+            return;
+        }
+        let mut st = self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (event, _) in &accepted {
+            match event.kind {
+                EventType::Deleted => {
+                    st.objects.remove(&event.key);
+                }
+                _ => {
+                    st.objects.insert(event.key.clone(), Stored { rv: event.rv, object: Arc::clone(&event.object) });
+                }
+            }
+            st.log.push_back(event.clone());
+            // No receiver is not an error: nobody is watching.
+            let _ = self.events.send(event.clone());
+        }
+        st.revision = revision;
+        while st.log.len() > self.window {
+            if let Some(e) = st.log.pop_front() {
+                st.oldest = e.rv;
+            }
+        }
+        drop(st);
+        for (event, reply) in accepted {
+            let _ = reply.send(Ok(event));
+        }
+    }
+
+    fn persist(&mut self, accepted: &[(Event, oneshot::Sender<Result<Event, StoreError>>)], revision: u64) -> rusqlite::Result<()> {
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        {
+            let mut put = tx.prepare_cached("INSERT OR REPLACE INTO objects (key, rv, value) VALUES (?1, ?2, ?3)")?;
+            let mut del = tx.prepare_cached("DELETE FROM objects WHERE key = ?1")?;
+            let mut log = tx.prepare_cached("INSERT INTO log (rv, key, type, value) VALUES (?1, ?2, ?3, ?4)")?;
+            for (e, _) in accepted {
+                let bytes = serde_json::to_vec(&*e.object).unwrap_or_default();
+                let rv = i64::try_from(e.rv).unwrap_or(i64::MAX);
+                if e.kind == EventType::Deleted {
+                    del.execute([&e.key])?;
+                } else {
+                    put.execute(params![e.key, rv, bytes])?;
+                }
+                log.execute(params![rv, e.key, e.kind.code(), bytes])?;
+            }
+            let rev = i64::try_from(revision).unwrap_or(i64::MAX);
+            tx.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('revision', ?1)", [rev])?;
+            // Keep the persisted changelog near the window; trimming in steps keeps it cheap.
+            let window = i64::try_from(self.window).unwrap_or(i64::MAX);
+            if rev % 256 == 0 || accepted.len() > 64 {
+                tx.execute("DELETE FROM log WHERE rv <= ?1", [rev - window])?;
+            }
+        }
+        tx.commit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(name: &str) -> Value {
+        json!({"metadata": {"name": name}})
+    }
+
+    #[tokio::test]
+    async fn revisions_are_global_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let cfg = StoreConfig::default();
+        {
+            let s = Store::open(&path, &cfg).unwrap();
+            let a = s.write(Op::Create { key: "a".into(), object: obj("a") }).await.unwrap();
+            let b = s.write(Op::Create { key: "b".into(), object: obj("b") }).await.unwrap();
+            assert_eq!((a.rv, b.rv), (1, 2));
+            let err = s.write(Op::Update { key: "a".into(), expected: 7, object: obj("a") }).await.unwrap_err();
+            assert!(matches!(err, StoreError::Conflict { actual: 1, .. }));
+            s.write(Op::Delete { key: "b".into(), expected: 2 }).await.unwrap();
+        }
+        let s = Store::open(&path, &cfg).unwrap();
+        assert_eq!(s.revision(), 3);
+        assert_eq!(s.get("a").unwrap().object["metadata"]["resourceVersion"], "1");
+        assert!(s.get("b").is_none());
+        let (backlog, _) = s.watch(1).unwrap();
+        assert_eq!(backlog.iter().map(|e| (e.rv, e.kind)).collect::<Vec<_>>(), [(2, EventType::Added), (3, EventType::Deleted)]);
+    }
+
+    #[tokio::test]
+    async fn a_watch_older_than_the_window_is_compacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("s.db"), &StoreConfig { watch_window: 3, broadcast_capacity: 16 }).unwrap();
+        for i in 0..6 {
+            s.write(Op::Create { key: format!("k{i}"), object: obj("x") }).await.unwrap();
+        }
+        assert!(matches!(s.watch(2), Err(StoreError::Compacted { oldest: 3, .. })));
+        assert_eq!(s.watch(3).unwrap().0.len(), 3);
+    }
+}

@@ -1,0 +1,179 @@
+//! `meta.k8s.io/v1` Table output, which `kubectl get` asks for: the columns KubeVirt's and
+//! Kubernetes' printers show for each kind.
+
+use serde_json::{json, Value};
+
+use crate::registry::ResourceDef;
+
+/// Whether the `Accept` header asks for a Table.
+#[must_use]
+pub fn wants_table(accept: &str) -> bool {
+    accept.split(',').any(|a| a.contains("as=Table") && a.contains("g=meta.k8s.io"))
+}
+
+struct Column {
+    name: &'static str,
+    ty: &'static str,
+    cell: fn(&Value, i64) -> Value,
+}
+
+fn s(v: &Value, ptr: &str) -> Value {
+    v.pointer(ptr).cloned().map_or(json!("<none>"), |x| if x.is_string() { x } else { json!(x.to_string()) })
+}
+
+fn age(v: &Value, now: i64) -> Value {
+    let created = v.pointer("/metadata/creationTimestamp").and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    match created {
+        Some(t) => json!(human_duration(now - t.as_second())),
+        None => json!("<unknown>"),
+    }
+}
+
+fn ready_condition(v: &Value) -> Value {
+    v.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .map_or(json!("False"), |c| c["status"].clone())
+}
+
+/// Kubernetes' `duration.HumanDuration`, short form.
+#[must_use]
+pub fn human_duration(secs: i64) -> String {
+    let secs = secs.max(0);
+    if secs < 120 {
+        format!("{secs}s")
+    } else if secs < 600 {
+        let (m, s) = (secs / 60, secs % 60);
+        if s == 0 { format!("{m}m") } else { format!("{m}m{s}s") }
+    } else if secs < 3 * 3600 {
+        format!("{}m", secs / 60)
+    } else if secs < 8 * 3600 {
+        let (h, m) = (secs / 3600, (secs % 3600) / 60);
+        if m == 0 { format!("{h}h") } else { format!("{h}h{m}m") }
+    } else if secs < 48 * 3600 {
+        format!("{}h", secs / 3600)
+    } else if secs < 8 * 86400 {
+        let (d, h) = (secs / 86400, (secs % 86400) / 3600);
+        if h == 0 { format!("{d}d") } else { format!("{d}d{h}h") }
+    } else if secs < 2 * 365 * 86400 {
+        format!("{}d", secs / 86400)
+    } else {
+        format!("{}y", secs / (365 * 86400))
+    }
+}
+
+fn name(v: &Value, _: i64) -> Value {
+    s(v, "/metadata/name")
+}
+
+fn columns(kind: &str) -> Vec<Column> {
+    let c = |name, ty, cell| Column { name, ty, cell };
+    let mut cols = vec![c("Name", "string", name as fn(&Value, i64) -> Value)];
+    match kind {
+        "VirtualMachine" => {
+            cols.push(c("Age", "date", age));
+            cols.push(c("Status", "string", |v, _| s(v, "/status/printableStatus")));
+            cols.push(c("Ready", "string", |v, _| ready_condition(v)));
+        }
+        "VirtualMachineInstance" => {
+            cols.push(c("Age", "date", age));
+            cols.push(c("Phase", "string", |v, _| s(v, "/status/phase")));
+            cols.push(c("IP", "string", |v, _| s(v, "/status/interfaces/0/ipAddress")));
+            cols.push(c("NodeName", "string", |v, _| s(v, "/status/nodeName")));
+            cols.push(c("Ready", "string", |v, _| ready_condition(v)));
+        }
+        "DataVolume" => {
+            cols.push(c("Phase", "string", |v, _| s(v, "/status/phase")));
+            cols.push(c("Progress", "string", |v, _| s(v, "/status/progress")));
+            cols.push(c("Restarts", "integer", |v, _| v.pointer("/status/restartCount").cloned().unwrap_or(json!(0))));
+            cols.push(c("Age", "date", age));
+        }
+        "PersistentVolumeClaim" => {
+            cols.push(c("Status", "string", |v, _| s(v, "/status/phase")));
+            cols.push(c("Volume", "string", |v, _| v.pointer("/spec/volumeName").cloned().unwrap_or(json!(""))));
+            cols.push(c("Capacity", "string", |v, _| v.pointer("/status/capacity/storage").cloned().unwrap_or(json!(""))));
+            cols.push(c("Access Modes", "string", |v, _| {
+                let modes: Vec<&str> = v.pointer("/status/accessModes").and_then(Value::as_array).map_or_else(Vec::new, |m| {
+                    m.iter()
+                        .filter_map(Value::as_str)
+                        .map(|m| match m {
+                            "ReadWriteOnce" => "RWO",
+                            "ReadOnlyMany" => "ROX",
+                            "ReadWriteMany" => "RWX",
+                            "ReadWriteOncePod" => "RWOP",
+                            other => other,
+                        })
+                        .collect()
+                });
+                json!(modes.join(","))
+            }));
+            cols.push(c("StorageClass", "string", |v, _| s(v, "/spec/storageClassName")));
+            cols.push(c("VolumeMode", "string", |v, _| s(v, "/spec/volumeMode")));
+            cols.push(c("Age", "date", age));
+        }
+        "Namespace" => {
+            cols.push(c("Status", "string", |v, _| s(v, "/status/phase")));
+            cols.push(c("Age", "date", age));
+        }
+        "Event" => {
+            cols.insert(0, c("Last Seen", "string", |v, now| {
+                let t = v.get("lastTimestamp").or_else(|| v.get("eventTime")).and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+                t.map_or(json!("<unknown>"), |t| json!(human_duration(now - t.as_second())))
+            }));
+            cols.push(c("Type", "string", |v, _| s(v, "/type")));
+            cols.push(c("Reason", "string", |v, _| s(v, "/reason")));
+            cols.push(c("Object", "string", |v, _| {
+                let kind = v.pointer("/involvedObject/kind").and_then(Value::as_str).unwrap_or("").to_lowercase();
+                let name = v.pointer("/involvedObject/name").and_then(Value::as_str).unwrap_or("");
+                json!(format!("{kind}/{name}"))
+            }));
+            cols.push(c("Message", "string", |v, _| s(v, "/message")));
+        }
+        _ => cols.push(c("Age", "date", age)),
+    }
+    cols
+}
+
+/// A Table of `items` (each a whole object).
+#[must_use]
+pub fn table(def: &ResourceDef, items: &[&Value], list_meta: &Value, include_object: &str) -> Value {
+    let now = jiff::Timestamp::now().as_second();
+    let cols = columns(def.kind);
+    let defs: Vec<Value> = cols
+        .iter()
+        .map(|c| {
+            let mut d = json!({"name": c.name, "type": c.ty, "format": "", "description": c.name, "priority": 0});
+            if c.name == "Name" {
+                d["format"] = json!("name");
+            }
+            d
+        })
+        .collect();
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|obj| {
+            let cells: Vec<Value> = cols.iter().map(|c| (c.cell)(obj, now)).collect();
+            let object = match include_object {
+                "None" => Value::Null,
+                "Object" => (*obj).clone(),
+                _ => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"].clone()}),
+            };
+            json!({"cells": cells, "object": object})
+        })
+        .collect();
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta, "columnDefinitions": defs, "rows": rows})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_duration;
+
+    #[test]
+    fn durations_read_like_kubectl() {
+        assert_eq!(human_duration(5), "5s");
+        assert_eq!(human_duration(150), "2m30s");
+        assert_eq!(human_duration(3600), "60m");
+        assert_eq!(human_duration(5 * 3600 + 60), "5h1m");
+        assert_eq!(human_duration(3 * 86400), "3d");
+    }
+}

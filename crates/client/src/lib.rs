@@ -1,0 +1,49 @@
+//! How every virtplug component reaches the API: a `kube::Client` from a kubeconfig, from the
+//! in-cluster config, or in-process over the embedded server's router (no socket).
+
+use std::path::{Path, PathBuf};
+
+/// Errors building a client.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot read the kubeconfig {path}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no kubeconfig given and none found (tried $KUBECONFIG, ~/.kube/config and the in-cluster config)")]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("cannot build a client")]
+    Client(#[source] kube::Error),
+}
+
+/// A client from the kubeconfig at `path`, or, without one, from `$KUBECONFIG`,
+/// `~/.kube/config` or the in-cluster service account.
+///
+/// # Errors
+/// When the kubeconfig cannot be read or names no usable cluster.
+pub async fn connect(path: Option<&Path>) -> Result<kube::Client, ConnectError> {
+    let config = match path {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| ConnectError::Kubeconfig { path: path.to_owned(), source })?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|source| ConnectError::Kubeconfig { path: path.to_owned(), source })?
+        }
+        None => kube::Config::infer().await.map_err(ConnectError::Infer)?,
+    };
+    kube::Client::try_from(config).map_err(ConnectError::Client)
+}
+
+/// A client that calls `service` (the embedded server's router) directly, in the same process.
+pub fn in_process<S, B>(service: S) -> kube::Client
+where
+    S: tower_service::Service<http::Request<kube::client::Body>, Response = http::Response<B>> + Send + Clone + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    kube::Client::new(service, "default")
+}

@@ -1,0 +1,80 @@
+//! `virtplug`: the one binary. `up` runs the embedded stack; the other subcommands run one
+//! component or talk to a running one.
+
+mod serve;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "virtplug", version, about = "VMs with declarative volume hot-plug behind a Kubernetes-compatible API")]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the whole embedded stack: API server (HTTPS) and the components that are built so far.
+    Up(serve::UpArgs),
+    /// Run only the embedded API server.
+    Apiserver(serve::ApiserverArgs),
+    /// Print the CRD manifests for cluster mode (deploy/crds.yaml).
+    Crds,
+}
+
+/// The default data dir of `up`: `$XDG_DATA_HOME/virtplug`, else `~/.local/share/virtplug`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("virtplug");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".local/share/virtplug")
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    // One crypto provider for every rustls user in the process (kube, the TLS listener).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Up(args) => serve::up(args).await,
+            Command::Apiserver(args) => serve::apiserver(args).await,
+            Command::Crds => {
+                for crd in api::crd::all() {
+                    println!("---\n{}", serde_yaml::to_string(&crd)?);
+                }
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

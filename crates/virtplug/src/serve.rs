@@ -1,0 +1,91 @@
+//! `virtplug up` and `virtplug apiserver`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+/// Arguments of `virtplug apiserver`.
+#[derive(Args)]
+pub struct ApiserverArgs {
+    /// Where the store, credentials and kubeconfig live.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Address of the HTTPS listener.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: SocketAddr,
+    /// How many changes the watch changelog keeps (older resourceVersions answer 410 Expired).
+    #[arg(long, default_value_t = 10_000)]
+    watch_window: usize,
+}
+
+/// Arguments of `virtplug up`.
+#[derive(Args)]
+pub struct UpArgs {
+    /// Where the store, credentials, kubeconfig and VM state live [default: $XDG_DATA_HOME/virtplug
+    /// or ~/.local/share/virtplug].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Address of the API's HTTPS listener.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: SocketAddr,
+}
+
+pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
+    let mut config = apiserver::Config::new(&args.data_dir);
+    config.store.watch_window = args.watch_window;
+    run(config, args.listen, "apiserver").await
+}
+
+pub async fn up(args: UpArgs) -> anyhow::Result<()> {
+    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+    run(apiserver::Config::new(&data_dir), args.listen, "up").await
+}
+
+async fn run(config: apiserver::Config, listen: SocketAddr, what: &str) -> anyhow::Result<()> {
+    let server = apiserver::Server::open(&config, Some(listen))
+        .await
+        .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}: is another virtplug running? choose another address with --listen"))?;
+    let addr = listener.local_addr().context("cannot read the listen address")?;
+    let host = if addr.ip().is_unspecified() { "127.0.0.1".to_owned() } else { addr.ip().to_string() };
+    let url = if addr.is_ipv6() { format!("https://[{host}]:{}", addr.port()) } else { format!("https://{host}:{}", addr.port()) };
+    let kubeconfig = server.write_kubeconfig(&url).context("cannot write the kubeconfig")?;
+    println!("virtplug {what} is serving the Kubernetes API at {url}");
+    println!("  data dir:   {}", config.data_dir.display());
+    println!("  kubeconfig: {}", kubeconfig.display());
+    println!();
+    println!("Next:");
+    println!("  export KUBECONFIG={}", kubeconfig.display());
+    println!("  kubectl get vm");
+    println!("  kubectl apply -f my-vm.yaml");
+    println!();
+    println!("Stop with Ctrl-C (SIGINT) or SIGTERM; every acknowledged write is on disk.");
+
+    let shutdown = CancellationToken::new();
+    let serving = {
+        let shutdown = shutdown.clone();
+        async move { server.serve_tls(listener, shutdown).await }
+    };
+    let signals = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
+            _ = term.recv() => {}
+        }
+        anyhow::Ok(())
+    };
+    tokio::select! {
+        r = serving => r.context("the API server stopped")?,
+        r = signals => {
+            r?;
+            eprintln!("virtplug {what}: shutting down");
+            shutdown.cancel();
+        }
+    }
+    Ok(())
+}
