@@ -46,7 +46,7 @@ fn deleting_with(o: &Value, finalizer: &str) -> bool {
 /// Runs the collector until the store closes.
 pub async fn run(objects: Objects) {
     let mut rx = objects.store.watch(objects.store.revision()).map(|(_, rx)| rx).ok();
-    sweep(&objects).await;
+    settle(&objects).await;
     let Some(rx) = rx.as_mut() else { return };
     loop {
         let mut relevant = false;
@@ -64,7 +64,7 @@ pub async fn run(objects: Objects) {
             }
         }
         if relevant {
-            sweep(&objects).await;
+            settle(&objects).await;
         }
     }
 }
@@ -90,8 +90,19 @@ impl Item {
     }
 }
 
-/// One pass over every object; see the module docs.
-pub async fn sweep(objects: &Objects) {
+/// Sweeps until a sweep changes nothing: one sweep's writes (an orphaned dependent losing its
+/// owner reference) can make the next step possible (removing the owner's `orphan` finalizer).
+pub async fn settle(objects: &Objects) {
+    for _ in 0..8 {
+        if !sweep(objects).await {
+            return;
+        }
+    }
+}
+
+/// One pass over every object; see the module docs. Returns whether it wrote anything.
+pub async fn sweep(objects: &Objects) -> bool {
+    let mut wrote = false;
     let items: Vec<Item> = objects.store.all().into_iter().map(|(key, s)| Item { key, obj: s.object }).collect();
     let by_uid: HashMap<&str, &Item> = items.iter().filter_map(|i| uid(&i.obj).map(|u| (u, i))).collect();
     let mut has_dependents: HashSet<String> = HashSet::new();
@@ -112,13 +123,13 @@ pub async fn sweep(objects: &Objects) {
         let foreground = alive.iter().any(|o| deleting_with(&o.obj, "foregroundDeletion"));
         if alive.is_empty() || foreground {
             if item.obj.pointer("/metadata/deletionTimestamp").is_none() {
-                let _ = objects.delete(def, item.ns(), item.name(), &DeleteOptions::default()).await;
+                wrote |= objects.delete(def, item.ns(), item.name(), &DeleteOptions::default()).await.is_ok();
             }
         } else if !orphaning.is_empty() {
             let refs = item.obj.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
             let kept: Vec<Value> = refs.into_iter().filter(|r| !orphaning.iter().any(|u| r.get("uid").and_then(Value::as_str) == Some(*u))).collect();
             let body = json!({"metadata": {"ownerReferences": if kept.is_empty() { Value::Null } else { Value::Array(kept) }}});
-            let _ = objects.patch(def, item.ns(), item.name(), PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await;
+            wrote |= objects.patch(def, item.ns(), item.name(), PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await.is_ok();
         }
     }
 
@@ -127,7 +138,7 @@ pub async fn sweep(objects: &Objects) {
         let Some(u) = uid(&item.obj) else { continue };
         for fin in ["orphan", "foregroundDeletion"] {
             if deleting_with(&item.obj, fin) && !has_dependents.contains(u) {
-                remove_finalizer(objects, def, item, fin).await;
+                wrote |= remove_finalizer(objects, def, item, fin).await;
             }
         }
         if def.kind == "Namespace" && item.obj.pointer("/metadata/deletionTimestamp").is_some() {
@@ -135,21 +146,22 @@ pub async fn sweep(objects: &Objects) {
             let content: Vec<&Item> = items.iter().filter(|i| i.ns() == Some(ns) && i.def().is_some_and(|d| d.namespaced)).collect();
             if content.is_empty() {
                 let body = json!({"spec": {"finalizers": null}});
-                let _ = objects.patch(def, None, ns, PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await;
+                wrote |= objects.patch(def, None, ns, PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await.is_ok();
             } else {
                 for c in content {
                     if let Some(cdef) = c.def() {
                         if c.obj.pointer("/metadata/deletionTimestamp").is_none() {
-                            let _ = objects.delete(cdef, c.ns(), c.name(), &DeleteOptions::default()).await;
+                            wrote |= objects.delete(cdef, c.ns(), c.name(), &DeleteOptions::default()).await.is_ok();
                         }
                     }
                 }
             }
         }
     }
+    wrote
 }
 
-async fn remove_finalizer(objects: &Objects, def: &registry::ResourceDef, item: &Item, fin: &str) {
+async fn remove_finalizer(objects: &Objects, def: &registry::ResourceDef, item: &Item, fin: &str) -> bool {
     let fins: Vec<Value> = item
         .obj
         .pointer("/metadata/finalizers")
@@ -157,5 +169,5 @@ async fn remove_finalizer(objects: &Objects, def: &registry::ResourceDef, item: 
         .map(|a| a.iter().filter(|x| *x != fin).cloned().collect())
         .unwrap_or_default();
     let body = json!({"metadata": {"finalizers": if fins.is_empty() { Value::Null } else { Value::Array(fins) }}});
-    let _ = objects.patch(def, item.ns(), item.name(), PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await;
+    objects.patch(def, item.ns(), item.name(), PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await.is_ok()
 }
