@@ -139,10 +139,7 @@ mod tests {
 
     #[test]
     fn duplicates_and_zero_boot_order_are_all_reported() {
-        let s = spec(
-            vec![disk("a", Some(1)), disk("a", Some(1)), disk("b", Some(0))],
-            vec![volume("a"), volume("b"), volume("b")],
-        );
+        let s = spec(vec![disk("a", Some(1)), disk("a", Some(1)), disk("b", Some(0))], vec![volume("a"), volume("b"), volume("b")]);
         let c = check(&s, "spec");
         assert_eq!(
             fields(&c),

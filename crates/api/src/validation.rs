@@ -298,7 +298,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn vm(disks: Value, volumes: Value) -> Value {
+    fn vm(disks: &Value, volumes: &Value) -> Value {
         json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"vm1"},
                "spec":{"runStrategy":"Always","template":{"spec":{"domain":{"devices":{"disks":disks}},"volumes":volumes}}}})
     }
@@ -306,9 +306,9 @@ mod tests {
     #[test]
     fn a_valid_vm_passes() {
         let v = vm(
-            json!([{"name":"root","disk":{"bus":"virtio"},"bootOrder":1},{"name":"cd","cdrom":{"bus":"sata"}},
+            &json!([{"name":"root","disk":{"bus":"virtio"},"bootOrder":1},{"name":"cd","cdrom":{"bus":"sata"}},
                    {"name":"data","serial":"d1","disk":{"bus":"scsi"}}]),
-            json!([{"name":"root","emptyDisk":{"capacity":"1Gi"}},
+            &json!([{"name":"root","emptyDisk":{"capacity":"1Gi"}},
                    {"name":"data","persistentVolumeClaim":{"claimName":"pvc1","hotpluggable":true}}]),
         );
         assert_eq!(validate_vm(&v), vec![]);
@@ -317,8 +317,8 @@ mod tests {
     #[test]
     fn hotplug_bus_rules_name_the_bus_field() {
         let v = vm(
-            json!([{"name":"a","disk":{"bus":"sata"}},{"name":"b","lun":{"bus":"virtio"}},{"name":"c","cdrom":{"bus":"scsi"}}]),
-            json!([{"name":"a","dataVolume":{"name":"dva","hotpluggable":true}},
+            &json!([{"name":"a","disk":{"bus":"sata"}},{"name":"b","lun":{"bus":"virtio"}},{"name":"c","cdrom":{"bus":"scsi"}}]),
+            &json!([{"name":"a","dataVolume":{"name":"dva","hotpluggable":true}},
                    {"name":"b","persistentVolumeClaim":{"claimName":"b","hotpluggable":true}},
                    {"name":"c","dataVolume":{"name":"iso","hotpluggable":true}}]),
         );
@@ -335,7 +335,7 @@ mod tests {
 
     #[test]
     fn running_and_run_strategy_are_exclusive() {
-        let mut v = vm(json!([]), json!([]));
+        let mut v = vm(&json!([]), &json!([]));
         v["spec"]["running"] = json!(true);
         let c = validate_vm(&v);
         assert_eq!(c.len(), 1);
@@ -344,7 +344,7 @@ mod tests {
 
     #[test]
     fn wrong_types_are_reported_by_path() {
-        let v = vm(json!([{"name":"a","bootOrder":"first"}]), json!([]));
+        let v = vm(&json!([{"name":"a","bootOrder":"first"}]), &json!([]));
         let c = validate_vm(&v);
         assert_eq!(c.len(), 1);
         assert!(c[0].field.contains("bootOrder"), "{c:?}");

@@ -127,9 +127,11 @@ pub async fn sweep(objects: &Objects) -> bool {
             }
         } else if !orphaning.is_empty() {
             let refs = item.obj.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
-            let kept: Vec<Value> = refs.into_iter().filter(|r| !orphaning.iter().any(|u| r.get("uid").and_then(Value::as_str) == Some(*u))).collect();
+            let kept: Vec<Value> =
+                refs.into_iter().filter(|r| !orphaning.iter().any(|u| r.get("uid").and_then(Value::as_str) == Some(*u))).collect();
             let body = json!({"metadata": {"ownerReferences": if kept.is_empty() { Value::Null } else { Value::Array(kept) }}});
-            wrote |= objects.patch(def, item.ns(), item.name(), PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await.is_ok();
+            wrote |=
+                objects.patch(def, item.ns(), item.name(), PatchKind::Merge, body.to_string().as_bytes(), Part::Main, false).await.is_ok();
         }
     }
 

@@ -131,13 +131,11 @@ impl Server {
     }
 
     /// Routes without authentication: for an in-process `kube::Client`, never for a socket.
-    #[must_use]
     pub fn local_router(&self) -> Router {
         Router::new().fallback(routes::dispatch).with_state(Arc::clone(&self.state))
     }
 
     /// Routes that require the bearer token, except `/healthz`, `/readyz`, `/livez`, `/version`.
-    #[must_use]
     pub fn router(&self) -> Router {
         let token = Arc::new(format!("Bearer {}", self.credentials.token));
         self.local_router().layer(middleware::from_fn(move |req: Request, next: Next| {

@@ -101,13 +101,14 @@ impl Objects {
         if !def.namespaced {
             return Ok(());
         }
-        let ns = ns.ok_or_else(|| ApiError::bad_request(format!("{} is namespaced: send it to /namespaces/NAMESPACE/{}", def.kind, def.plural)))?;
+        let ns = ns
+            .ok_or_else(|| ApiError::bad_request(format!("{} is namespaced: send it to /namespaces/NAMESPACE/{}", def.kind, def.plural)))?;
         let nsdef = registry::find("", "v1", "namespaces").ok_or_else(ApiError::no_resource)?;
         match self.store.get(&nsdef.key(None, ns)) {
             None => Err(ApiError::not_found("", "namespaces", ns)),
-            Some(s) if creating && s.object.pointer("/metadata/deletionTimestamp").is_some() => Err(ApiError::forbidden(format!(
-                "unable to create new content in namespace {ns} because it is being terminated"
-            ))),
+            Some(s) if creating && s.object.pointer("/metadata/deletionTimestamp").is_some() => {
+                Err(ApiError::forbidden(format!("unable to create new content in namespace {ns} because it is being terminated")))
+            }
             Some(_) => Ok(()),
         }
     }
@@ -139,11 +140,16 @@ impl Objects {
             let has_name = m.get("name").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
             if !has_name {
                 let Some(prefix) = m.get("generateName").and_then(Value::as_str).filter(|g| !g.is_empty()) else {
-                    return Err(ApiError::invalid(def.group, def.kind, "", vec![api::validation::Cause::new(
-                        api::validation::CauseType::Required,
-                        "metadata.name",
-                        "name or generateName is required",
-                    )]));
+                    return Err(ApiError::invalid(
+                        def.group,
+                        def.kind,
+                        "",
+                        &[api::validation::Cause::new(
+                            api::validation::CauseType::Required,
+                            "metadata.name",
+                            "name or generateName is required",
+                        )],
+                    ));
                 };
                 let suffix: String = (0..5).map(|_| char::from(b"bcdfghjklmnpqrstvwxz2456789"[rand::random_range(0..27)])).collect();
                 let name = format!("{prefix}{suffix}");
@@ -164,7 +170,7 @@ impl Objects {
         let name = meta_str(&obj, "name").unwrap_or_default().to_owned();
         let name_causes = api::validation::dns1123_subdomain(&name, "metadata.name");
         if !name_causes.is_empty() {
-            return Err(ApiError::invalid(def.group, def.kind, &name, name_causes));
+            return Err(ApiError::invalid(def.group, def.kind, &name, &name_causes));
         }
         if def.kind != "Namespace" {
             self.check_namespace(def, ns, true)?;
@@ -197,7 +203,7 @@ impl Objects {
         if let Some(validate) = def.validate {
             let causes = validate(obj);
             if !causes.is_empty() {
-                return Err(ApiError::invalid(def.group, def.kind, name, causes));
+                return Err(ApiError::invalid(def.group, def.kind, name, &causes));
             }
         }
         Ok(())
@@ -208,7 +214,15 @@ impl Objects {
     /// # Errors
     /// 409 Conflict when `metadata.resourceVersion` is stale (required for custom resources),
     /// 404, 400, 422 as for create.
-    pub async fn replace(&self, def: &ResourceDef, ns: Option<&str>, name: &str, mut obj: Value, part: Part, dry_run: bool) -> Result<Value, ApiError> {
+    pub async fn replace(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        name: &str,
+        mut obj: Value,
+        part: Part,
+        dry_run: bool,
+    ) -> Result<Value, ApiError> {
         check_type(def, &mut obj)?;
         if meta_str(&obj, "name").is_some_and(|n| n != name) {
             return Err(ApiError::bad_request(format!(
@@ -218,20 +232,33 @@ impl Objects {
         }
         let want_rv = meta_str(&obj, "resourceVersion").filter(|s| !s.is_empty()).map(str::to_owned);
         if want_rv.is_none() && def.custom {
-            return Err(ApiError::invalid(def.group, def.kind, name, vec![api::validation::Cause::new(
-                api::validation::CauseType::Invalid,
-                "metadata.resourceVersion",
-                "must be specified for an update: read the object and send it back with its resourceVersion",
-            )]));
+            return Err(ApiError::invalid(
+                def.group,
+                def.kind,
+                name,
+                &[api::validation::Cause::new(
+                    api::validation::CauseType::Invalid,
+                    "metadata.resourceVersion",
+                    "must be specified for an update: read the object and send it back with its resourceVersion",
+                )],
+            ));
         }
-        self.guaranteed_update(def, ns, name, want_rv.is_some(), dry_run, |cur| {
-            if let Some(rv) = &want_rv {
-                if *rv != cur.rv.to_string() {
-                    return Err(ApiError::conflict(def.group, def.plural, name));
+        self.guaranteed_update(
+            def,
+            ns,
+            name,
+            want_rv.is_some(),
+            dry_run,
+            |cur| {
+                if let Some(rv) = &want_rv {
+                    if *rv != cur.rv.to_string() {
+                        return Err(ApiError::conflict(def.group, def.plural, name));
+                    }
                 }
-            }
-            Ok(obj.clone())
-        }, part)
+                Ok(obj.clone())
+            },
+            part,
+        )
         .await
     }
 
@@ -243,7 +270,16 @@ impl Objects {
     /// # Errors
     /// 415 for strategic merge patch on a custom resource and for server-side apply; 400 for a
     /// body that is not a patch; 422 when a JSON patch operation fails; 409; 404.
-    pub async fn patch(&self, def: &ResourceDef, ns: Option<&str>, name: &str, kind: PatchKind, body: &[u8], part: Part, dry_run: bool) -> Result<Value, ApiError> {
+    pub async fn patch(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        name: &str,
+        kind: PatchKind,
+        body: &[u8],
+        part: Part,
+        dry_run: bool,
+    ) -> Result<Value, ApiError> {
         if kind == PatchKind::Strategic && def.custom {
             return Err(ApiError::unsupported_media(
                 "the body of the request was in an unknown format - accepted media types include: \
@@ -253,15 +289,23 @@ impl Objects {
         // Parse once up front so a malformed body is 400 even for a missing object.
         patch::apply(kind, &json!({}), body).or_else(|e| if e.code == 422 { Ok(Value::Null) } else { Err(e) })?;
         let preconditioned = patch_carries_rv(kind, body);
-        self.guaranteed_update(def, ns, name, preconditioned, dry_run, |cur| {
-            let patched = patch::apply(kind, &cur.object, body)?;
-            if let Some(rv) = meta_str(&patched, "resourceVersion") {
-                if rv != cur.rv.to_string() {
-                    return Err(ApiError::conflict(def.group, def.plural, name));
+        self.guaranteed_update(
+            def,
+            ns,
+            name,
+            preconditioned,
+            dry_run,
+            |cur| {
+                let patched = patch::apply(kind, &cur.object, body)?;
+                if let Some(rv) = meta_str(&patched, "resourceVersion") {
+                    if rv != cur.rv.to_string() {
+                        return Err(ApiError::conflict(def.group, def.plural, name));
+                    }
                 }
-            }
-            Ok(patched)
-        }, part)
+                Ok(patched)
+            },
+            part,
+        )
         .await
     }
 
@@ -322,17 +366,22 @@ impl Objects {
             if let Some(uid) = &opts.uid {
                 let actual = meta_str(&cur.object, "uid").unwrap_or_default();
                 if uid != actual {
-                    return Err(ApiError::precondition(def.group, def.plural, name, &format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
-                    )));
+                    return Err(ApiError::precondition(
+                        def.group,
+                        def.plural,
+                        name,
+                        &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"),
+                    ));
                 }
             }
             if let Some(rv) = &opts.resource_version {
                 if *rv != cur.rv.to_string() {
-                    return Err(ApiError::precondition(def.group, def.plural, name, &format!(
-                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                        cur.rv
-                    )));
+                    return Err(ApiError::precondition(
+                        def.group,
+                        def.plural,
+                        name,
+                        &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", cur.rv),
+                    ));
                 }
             }
             let mut obj = (*cur.object).clone();

@@ -107,7 +107,9 @@ pub fn v3_index() -> Value {
     let mut paths = Map::new();
     for r in RESOURCES {
         let p = gv_path(r);
-        paths.entry(p.clone()).or_insert_with(|| json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", env!("CARGO_PKG_VERSION").replace('.', ""))}));
+        paths.entry(p.clone()).or_insert_with(
+            || json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", env!("CARGO_PKG_VERSION").replace('.', ""))}),
+        );
     }
     json!({"paths": paths})
 }
@@ -123,11 +125,7 @@ pub fn v3_group(gv: &str) -> Option<Value> {
     let mut schemas = Map::new();
     for r in members {
         schemas.insert(schema_name(r), schema_for(r));
-        let base = if r.namespaced {
-            format!("/{gv}/namespaces/{{namespace}}/{}", r.plural)
-        } else {
-            format!("/{gv}/{}", r.plural)
-        };
+        let base = if r.namespaced { format!("/{gv}/namespaces/{{namespace}}/{}", r.plural) } else { format!("/{gv}/{}", r.plural) };
         paths.insert(base.clone(), json!({"get": operation(r, "list", false), "post": operation(r, "post", false)}));
         paths.insert(
             format!("{base}/{{name}}"),

@@ -37,16 +37,15 @@ impl PatchKind {
 pub fn apply(kind: PatchKind, current: &Value, body: &[u8]) -> Result<Value, ApiError> {
     match kind {
         PatchKind::Json => {
-            let ops: json_patch::Patch = serde_json::from_slice(body).map_err(|e| {
-                ApiError::bad_request(format!("the JSON patch is not a list of RFC 6902 operations: {e}"))
-            })?;
+            let ops: json_patch::Patch = serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("the JSON patch is not a list of RFC 6902 operations: {e}")))?;
             let mut doc = current.clone();
             json_patch::patch(&mut doc, &ops).map_err(|e| ApiError::unprocessable(format!("the JSON patch could not be applied: {e}")))?;
             Ok(doc)
         }
         PatchKind::Merge | PatchKind::Strategic => {
-            let mut patch: Value = serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("the merge patch is not a JSON object: {e}")))?;
+            let mut patch: Value =
+                serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the merge patch is not a JSON object: {e}")))?;
             if !patch.is_object() {
                 return Err(ApiError::bad_request("the merge patch must be a JSON object"));
             }

@@ -80,8 +80,14 @@ fn ca_params() -> Result<CertificateParams, PkiError> {
 /// `Read`, `Write` or `Generate` naming the file or item.
 pub fn ensure(dir: &Path, listen_ip: Option<IpAddr>) -> Result<Credentials, PkiError> {
     let gen = |what| move |source| PkiError::Generate { what, source };
-    let (ca_crt, ca_key, crt, key, tok, sans) =
-        (dir.join("ca.crt"), dir.join("ca.key"), dir.join("server.crt"), dir.join("server.key"), dir.join("token"), dir.join("server.sans"));
+    let (ca_crt, ca_key, crt, key, tok, sans) = (
+        dir.join("ca.crt"),
+        dir.join("ca.key"),
+        dir.join("server.crt"),
+        dir.join("server.key"),
+        dir.join("token"),
+        dir.join("server.sans"),
+    );
     if !ca_crt.exists() || !ca_key.exists() {
         let k = KeyPair::generate().map_err(gen("CA key"))?;
         let cert = ca_params()?.self_signed(&k).map_err(gen("CA certificate"))?;

@@ -51,22 +51,22 @@ pub async fn dispatch(State(st): State<Arc<ApiState>>, req: Request) -> Response
 async fn handle(st: &ApiState, req: Request) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().trim_end_matches('/').to_owned();
-    let query: HashMap<String, String> = parts
-        .uri
-        .query()
-        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
-        .unwrap_or_default();
+    let query: HashMap<String, String> =
+        parts.uri.query().map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect()).unwrap_or_default();
     let body = axum::body::to_bytes(body, st.body_limit).await.map_err(|_| ApiError::too_large(st.body_limit))?;
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
 
     // Discovery and non-resource endpoints.
     match (parts.method.clone(), segs.as_slice()) {
         (Method::GET, ["version"]) => {
-            return Ok(json_response(StatusCode::OK, &json!({
-                "major": "1", "minor": "33", "gitVersion": st.git_version, "gitCommit": "virtplug",
-                "gitTreeState": "clean", "buildDate": "2026-11-29T00:00:00Z", "goVersion": "rust",
-                "compiler": "rustc", "platform": "linux/amd64"
-            })));
+            return Ok(json_response(
+                StatusCode::OK,
+                &json!({
+                    "major": "1", "minor": "33", "gitVersion": st.git_version, "gitCommit": "virtplug",
+                    "gitTreeState": "clean", "buildDate": "2026-11-29T00:00:00Z", "goVersion": "rust",
+                    "compiler": "rustc", "platform": "linux/amd64"
+                }),
+            ));
         }
         (Method::GET, ["healthz" | "readyz" | "livez"]) => return Ok((StatusCode::OK, "ok").into_response()),
         (Method::GET, ["api"]) => return Ok(json_response(StatusCode::OK, &registry::core_versions())),
@@ -74,14 +74,20 @@ async fn handle(st: &ApiState, req: Request) -> Result<Response, ApiError> {
         (Method::GET, ["api", "v1"]) => {
             return registry::resource_list("", "v1").map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource);
         }
-        (Method::GET, ["apis", g]) => return registry::api_group(g).map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource),
+        (Method::GET, ["apis", g]) => {
+            return registry::api_group(g).map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource)
+        }
         (Method::GET, ["apis", g, v]) => {
             return registry::resource_list(g, v).map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource);
         }
         (Method::GET, ["openapi", "v2"]) => {
             let accept = parts.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
             if accept.contains("protobuf") {
-                return Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")], openapi::v2_protobuf())
+                return Ok((
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")],
+                    openapi::v2_protobuf(),
+                )
                     .into_response());
             }
             return Ok(json_response(StatusCode::OK, &openapi::v2()));
@@ -117,7 +123,12 @@ async fn handle(st: &ApiState, req: Request) -> Result<Response, ApiError> {
             }
             let obj = objects.get(def, ns, name)?.object;
             if table::wants_table(&accept) {
-                let t = table::table(def, &[&obj], &json!({"resourceVersion": obj.pointer("/metadata/resourceVersion")}), query.get("includeObject").map_or("Metadata", String::as_str));
+                let t = table::table(
+                    def,
+                    &[&obj],
+                    &json!({"resourceVersion": obj.pointer("/metadata/resourceVersion")}),
+                    query.get("includeObject").map_or("Metadata", String::as_str),
+                );
                 return Ok(json_response(StatusCode::OK, &t));
             }
             Ok(json_response(StatusCode::OK, &obj))
@@ -169,8 +180,11 @@ async fn handle(st: &ApiState, req: Request) -> Result<Response, ApiError> {
                     Err(e) => return Err(e),
                 }
             }
-            Ok(json_response(StatusCode::OK, &json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(),
-                "metadata": {"resourceVersion": rv.to_string()}, "items": deleted})))
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(),
+                "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
+            ))
         }
         _ => Err(ApiError::method_not_allowed()),
     }
@@ -185,7 +199,7 @@ fn parse_target(segs: &[&str]) -> Result<Target, ApiError> {
     let find = |plural: &str| registry::find(group, version, plural).ok_or_else(ApiError::no_resource);
     let own = |s: &&str| (*s).to_owned();
     match rest {
-        ["namespaces", ns, plural, tail @ ..] if group != "" || !matches!(*plural, "status" | "finalize") => {
+        ["namespaces", ns, plural, tail @ ..] if !group.is_empty() || !matches!(*plural, "status" | "finalize") => {
             let def = find(plural)?;
             if !def.namespaced {
                 return Err(ApiError::no_resource());
@@ -264,7 +278,13 @@ struct Continue {
     start: String,
 }
 
-fn list(objects: &Objects, def: &ResourceDef, ns: Option<&str>, query: &HashMap<String, String>, accept: &str) -> Result<Response, ApiError> {
+fn list(
+    objects: &Objects,
+    def: &ResourceDef,
+    ns: Option<&str>,
+    query: &HashMap<String, String>,
+    accept: &str,
+) -> Result<Response, ApiError> {
     let labels = Selector::labels(query.get("labelSelector").map_or("", String::as_str))?;
     let fields = Selector::fields(query.get("fieldSelector").map_or("", String::as_str))?;
     let limit: usize = match query.get("limit") {
@@ -315,7 +335,10 @@ fn list(objects: &Objects, def: &ResourceDef, ns: Option<&str>, query: &HashMap<
     }
     if table::wants_table(accept) {
         let objs: Vec<&Value> = selected.iter().map(|(_, o)| o.as_ref()).collect();
-        return Ok(json_response(StatusCode::OK, &table::table(def, &objs, &meta, query.get("includeObject").map_or("Metadata", String::as_str))));
+        return Ok(json_response(
+            StatusCode::OK,
+            &table::table(def, &objs, &meta, query.get("includeObject").map_or("Metadata", String::as_str)),
+        ));
     }
     let items: Vec<&Value> = selected.iter().map(|(_, o)| o.as_ref()).collect();
     let body = json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": meta, "items": items});

@@ -51,7 +51,9 @@ impl Selector {
     pub fn labels(s: &str) -> Result<Selector, ApiError> {
         let mut reqs = Vec::new();
         for part in split_top(s) {
-            let bad = || ApiError::bad_request(format!("unable to parse requirement {part:?} in labelSelector; use key=value, key!=value, key in (a,b), key notin (a,b), key or !key"));
+            let bad = || {
+                ApiError::bad_request(format!("unable to parse requirement {part:?} in labelSelector; use key=value, key!=value, key in (a,b), key notin (a,b), key or !key"))
+            };
             if let Some(k) = part.strip_prefix('!') {
                 reqs.push(Req::NotExists(k.trim().to_owned()));
             } else if let Some((k, v)) = part.split_once(" notin ") {

@@ -79,15 +79,13 @@ impl ApiError {
 
     /// 422 Invalid with one cause per field.
     #[must_use]
-    pub fn invalid(group: &str, kind: &str, name: &str, causes: Vec<Cause>) -> Self {
-        let summary: Vec<String> = causes
-            .iter()
-            .map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) })
-            .collect();
+    pub fn invalid(group: &str, kind: &str, name: &str, causes: &[Cause]) -> Self {
+        let summary: Vec<String> =
+            causes.iter().map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) }).collect();
         let mut e = Self::new(422, "Invalid", format!("{kind}.{group} \"{name}\" is invalid: {}", summary.join(", ")))
             .with_details(name, group, kind);
         if let Some(d) = e.details.as_mut() {
-            d["causes"] = serde_json::to_value(&causes).unwrap_or(Value::Null);
+            d["causes"] = serde_json::to_value(causes).unwrap_or(Value::Null);
         }
         e
     }
@@ -105,7 +103,11 @@ impl ApiError {
     /// 413 RequestEntityTooLarge.
     #[must_use]
     pub fn too_large(limit: usize) -> Self {
-        Self::new(413, "RequestEntityTooLarge", format!("the request body is larger than the limit of {limit} bytes; send a smaller object"))
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("the request body is larger than the limit of {limit} bytes; send a smaller object"),
+        )
     }
 
     /// 410 Expired (watch or list from a compacted revision).

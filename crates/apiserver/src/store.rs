@@ -174,9 +174,7 @@ impl Store {
         let mut objects = BTreeMap::new();
         {
             let mut stmt = conn.prepare("SELECT key, rv, value FROM objects").map_err(sql)?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, Vec<u8>>(2)?)))
-                .map_err(sql)?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, Vec<u8>>(2)?))).map_err(sql)?;
             for row in rows {
                 let (key, rv, value) = row.map_err(sql)?;
                 let object: Value = serde_json::from_slice(&value).unwrap_or(Value::Null);
@@ -185,14 +183,11 @@ impl Store {
         }
         let mut log = VecDeque::new();
         {
-            let mut stmt = conn
-                .prepare("SELECT rv, key, type, value FROM (SELECT * FROM log ORDER BY rv DESC LIMIT ?1) ORDER BY rv")
-                .map_err(sql)?;
+            let mut stmt =
+                conn.prepare("SELECT rv, key, type, value FROM (SELECT * FROM log ORDER BY rv DESC LIMIT ?1) ORDER BY rv").map_err(sql)?;
             let limit = i64::try_from(config.watch_window).unwrap_or(i64::MAX);
             let rows = stmt
-                .query_map([limit], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, Vec<u8>>(3)?))
-                })
+                .query_map([limit], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, Vec<u8>>(3)?)))
                 .map_err(sql)?;
             for row in rows {
                 let (rv, key, kind, value) = row.map_err(sql)?;
@@ -209,13 +204,7 @@ impl Store {
         let state = Arc::new(RwLock::new(State { objects, revision, log, oldest }));
         let (events, _) = broadcast::channel(config.broadcast_capacity);
         let (tx, rx) = mpsc::channel::<Write>();
-        let writer = Writer {
-            conn,
-            path: path.to_owned(),
-            state: Arc::clone(&state),
-            events: events.clone(),
-            window: config.watch_window,
-        };
+        let writer = Writer { conn, path: path.to_owned(), state: Arc::clone(&state), events: events.clone(), window: config.watch_window };
         thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || writer.run(&rx))
@@ -246,12 +235,7 @@ impl Store {
     pub fn list(&self, prefix: &str, after: Option<&str>) -> (u64, Vec<(String, Stored)>) {
         let st = self.read();
         let start = after.map_or_else(|| prefix.to_owned(), |a| format!("{a}\u{0}"));
-        let items = st
-            .objects
-            .range(start..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let items = st.objects.range(start..).take_while(|(k, _)| k.starts_with(prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
         (st.revision, items)
     }
 
@@ -375,10 +359,8 @@ impl Writer {
         if let Err(source) = self.persist(&accepted, revision) {
             let msg = source.to_string();
             for (_, reply) in accepted {
-                let _ = reply.send(Err(StoreError::Sqlite {
-                    path: self.path.clone(),
-                    source: rusqlite::Error::InvalidParameterName(msg.clone()),
-                }));
+                let _ = reply
+                    .send(Err(StoreError::Sqlite { path: self.path.clone(), source: rusqlite::Error::InvalidParameterName(msg.clone()) }));
             }
             return;
         }

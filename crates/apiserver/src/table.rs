@@ -44,17 +44,29 @@ pub fn human_duration(secs: i64) -> String {
         format!("{secs}s")
     } else if secs < 600 {
         let (m, s) = (secs / 60, secs % 60);
-        if s == 0 { format!("{m}m") } else { format!("{m}m{s}s") }
+        if s == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{s}s")
+        }
     } else if secs < 3 * 3600 {
         format!("{}m", secs / 60)
     } else if secs < 8 * 3600 {
         let (h, m) = (secs / 3600, (secs % 3600) / 60);
-        if m == 0 { format!("{h}h") } else { format!("{h}h{m}m") }
+        if m == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{m}m")
+        }
     } else if secs < 48 * 3600 {
         format!("{}h", secs / 3600)
     } else if secs < 8 * 86400 {
         let (d, h) = (secs / 86400, (secs % 86400) / 3600);
-        if h == 0 { format!("{d}d") } else { format!("{d}d{h}h") }
+        if h == 0 {
+            format!("{d}d")
+        } else {
+            format!("{d}d{h}h")
+        }
     } else if secs < 2 * 365 * 86400 {
         format!("{}d", secs / 86400)
     } else {
@@ -116,10 +128,17 @@ fn columns(kind: &str) -> Vec<Column> {
             cols.push(c("Age", "date", age));
         }
         "Event" => {
-            cols.insert(0, c("Last Seen", "string", |v, now| {
-                let t = v.get("lastTimestamp").or_else(|| v.get("eventTime")).and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
-                t.map_or(json!("<unknown>"), |t| json!(human_duration(now - t.as_second())))
-            }));
+            cols.insert(
+                0,
+                c("Last Seen", "string", |v, now| {
+                    let t = v
+                        .get("lastTimestamp")
+                        .or_else(|| v.get("eventTime"))
+                        .and_then(Value::as_str)
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+                    t.map_or(json!("<unknown>"), |t| json!(human_duration(now - t.as_second())))
+                }),
+            );
             cols.push(c("Type", "string", |v, _| s(v, "/type")));
             cols.push(c("Reason", "string", |v, _| s(v, "/reason")));
             cols.push(c("Object", "string", |v, _| {

@@ -43,7 +43,14 @@ impl Filter {
 ///
 /// # Errors
 /// 400 for bad selectors or parameters. A compacted start revision is reported in the stream.
-pub fn serve(objects: &Objects, def: &'static ResourceDef, ns: Option<&str>, name: Option<&str>, query: &HashMap<String, String>, accept: &str) -> Result<Response, ApiError> {
+pub fn serve(
+    objects: &Objects,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    name: Option<&str>,
+    query: &HashMap<String, String>,
+    accept: &str,
+) -> Result<Response, ApiError> {
     let filter = Filter {
         prefix: def.prefix(ns),
         name: name.map(str::to_owned),

@@ -26,7 +26,8 @@ pub enum ConnectError {
 pub async fn connect(path: Option<&Path>) -> Result<kube::Client, ConnectError> {
     let config = match path {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| ConnectError::Kubeconfig { path: path.to_owned(), source })?;
+            let kc =
+                kube::config::Kubeconfig::read_from(path).map_err(|source| ConnectError::Kubeconfig { path: path.to_owned(), source })?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
                 .map_err(|source| ConnectError::Kubeconfig { path: path.to_owned(), source })?

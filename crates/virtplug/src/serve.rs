@@ -72,7 +72,8 @@ async fn run(config: apiserver::Config, listen: SocketAddr, what: &str) -> anyho
         async move { server.serve_tls(listener, shutdown).await }
     };
     let signals = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
         tokio::select! {
             r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
             _ = term.recv() => {}

@@ -1,6 +1,8 @@
 //! The embedded API server through kube-rs, on a loopback port with TLS and a bearer token:
 //! the Kubernetes semantics every virtplug component relies on.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -74,7 +76,8 @@ async fn unmodelled_fields_survive_a_round_trip() {
     // Read through the typed client, write back, read raw: the spec is what was applied.
     let read = api.get("testvm").await.unwrap();
     api.replace("testvm", &PostParams::default(), &read).await.unwrap();
-    let raw: Api<kube::api::DynamicObject> = Api::namespaced_with(s.client.clone(), "default", &kube::api::ApiResource::erase::<VirtualMachine>(&()));
+    let raw: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(s.client.clone(), "default", &kube::api::ApiResource::erase::<VirtualMachine>(&()));
     let back = serde_json::to_value(raw.get("testvm").await.unwrap()).unwrap();
     assert_eq!(back["spec"], manifest["spec"]);
     assert_eq!(back["metadata"]["annotations"], manifest["metadata"]["annotations"]);
@@ -165,7 +168,10 @@ async fn delete_preconditions_are_checked() {
     let s = TestServer::start().await;
     let api = vms(&s);
     api.create(&PostParams::default(), &vm_typed("a")).await.unwrap();
-    let dp = DeleteParams { preconditions: Some(kube::api::Preconditions { uid: Some("not-the-uid".into()), resource_version: None }), ..DeleteParams::default() };
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions { uid: Some("not-the-uid".into()), resource_version: None }),
+        ..DeleteParams::default()
+    };
     let e = api.delete("a", &dp).await.unwrap_err();
     assert_eq!(code(&e), 409);
     assert!(e.to_string().contains("Precondition failed"), "{e}");
@@ -187,11 +193,14 @@ async fn owner_reference_garbage_collection_background_foreground_orphan() {
     let s = TestServer::start().await;
     let api = vms(&s);
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(s.client.clone(), "default");
-    for (name, policy) in [("bg", PropagationPolicy::Background), ("fg", PropagationPolicy::Foreground), ("orphan", PropagationPolicy::Orphan)] {
+    for (name, policy) in
+        [("bg", PropagationPolicy::Background), ("fg", PropagationPolicy::Foreground), ("orphan", PropagationPolicy::Orphan)]
+    {
         let owner = api.create(&PostParams::default(), &vm_typed(name)).await.unwrap();
         owned_vmi(&s, &owner).await;
         api.delete(name, &DeleteParams { propagation_policy: Some(policy.clone()), ..DeleteParams::default() }).await.unwrap();
-        wait_until(Duration::from_secs(10), "the owner to be gone", || async { api.get_opt(name).await.unwrap().is_none().then_some(()) }).await;
+        wait_until(Duration::from_secs(10), "the owner to be gone", || async { api.get_opt(name).await.unwrap().is_none().then_some(()) })
+            .await;
         match policy {
             PropagationPolicy::Orphan => {
                 let vmi = vmis.get(name).await.unwrap();
@@ -224,7 +233,10 @@ async fn namespaces_must_exist_and_deleting_one_deletes_its_content() {
     v.metadata.namespace = Some("team".into());
     team.create(&PostParams::default(), &v).await.unwrap();
     nss.delete("team", &DeleteParams::default()).await.unwrap();
-    wait_until(Duration::from_secs(10), "namespace team to be gone", || async { nss.get_opt("team").await.unwrap().is_none().then_some(()) }).await;
+    wait_until(Duration::from_secs(10), "namespace team to be gone", || async {
+        nss.get_opt("team").await.unwrap().is_none().then_some(())
+    })
+    .await;
     assert!(team.get_opt("a").await.unwrap().is_none());
     assert_eq!(code(&nss.delete("default", &DeleteParams::default()).await.unwrap_err()), 403);
 }
@@ -386,7 +398,8 @@ async fn admission_refuses_inconsistent_specs_with_field_causes() {
     // The corruption from the lost-update bug: a CD-ROM volume without its disk.
     v["spec"]["template"]["spec"]["volumes"] = json!([{"name": "root", "emptyDisk": {"capacity": "1Gi"}}, {"name": "cdrom1", "dataVolume": {"name": "iso", "hotpluggable": true}}]);
     let rev = s.revision();
-    let (code, status) = s.raw("POST", "/apis/kubevirt.io/v1/namespaces/default/virtualmachines", "application/json", v.to_string().into_bytes()).await;
+    let (code, status) =
+        s.raw("POST", "/apis/kubevirt.io/v1/namespaces/default/virtualmachines", "application/json", v.to_string().into_bytes()).await;
     assert_eq!(code, 422);
     assert_eq!(status["reason"], "Invalid");
     let causes = status["details"]["causes"].as_array().unwrap();
@@ -407,14 +420,31 @@ async fn bad_input_gets_a_clear_status_and_stores_nothing() {
     let mut wrong_version = vm("x");
     wrong_version["apiVersion"] = json!("kubevirt.io/v2");
     let huge = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "huge", "annotations": {"a": "x".repeat(100_000)}}});
+    #[allow(clippy::type_complexity)]
     let cases: Vec<(&str, &str, &str, Vec<u8>, u16, &str, &str)> = vec![
         ("malformed JSON", "POST", coll, b"{\"apiVersion\": ".to_vec(), 400, "BadRequest", "not valid JSON"),
         ("malformed YAML", "POST", coll, b"metadata: [unclosed".to_vec(), 400, "BadRequest", "not valid YAML"),
         ("wrong kind", "POST", coll, wrong_kind.to_string().into_bytes(), 400, "BadRequest", "does not match the expected kind"),
-        ("wrong apiVersion", "POST", coll, wrong_version.to_string().into_bytes(), 400, "BadRequest", "does not match the expected API version"),
+        (
+            "wrong apiVersion",
+            "POST",
+            coll,
+            wrong_version.to_string().into_bytes(),
+            400,
+            "BadRequest",
+            "does not match the expected API version",
+        ),
         ("name too long", "POST", coll, long.to_string().into_bytes(), 422, "Invalid", "no more than 253"),
         ("body over the limit", "POST", coll, huge.to_string().into_bytes(), 413, "RequestEntityTooLarge", "larger than the limit"),
-        ("unknown resource", "GET", "/apis/kubevirt.io/v1/namespaces/default/virtualmachinez", Vec::new(), 404, "NotFound", "could not find the requested resource"),
+        (
+            "unknown resource",
+            "GET",
+            "/apis/kubevirt.io/v1/namespaces/default/virtualmachinez",
+            Vec::new(),
+            404,
+            "NotFound",
+            "could not find the requested resource",
+        ),
     ];
     for (what, method, path, body, want_code, want_reason, want_msg) in cases {
         let ct = if what.contains("YAML") { "application/yaml" } else { "application/json" };
@@ -475,7 +505,10 @@ fn pem_to_der(pem: &str) -> Vec<u8> {
 async fn pvc_status_starts_pending_and_core_types_accept_strategic_merge() {
     let s = TestServer::start().await;
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(s.client.clone(), "default");
-    let pvc = serde_json::from_value(json!({"metadata": {"name": "c"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})).unwrap();
+    let pvc = serde_json::from_value(
+        json!({"metadata": {"name": "c"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .unwrap();
     let created = pvcs.create(&PostParams::default(), &pvc).await.unwrap();
     assert_eq!(created.status.unwrap().phase.as_deref(), Some("Pending"));
     let after = pvcs.patch("c", &PatchParams::default(), &Patch::Strategic(json!({"metadata": {"labels": {"a": "b"}}}))).await.unwrap();
