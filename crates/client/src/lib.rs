@@ -1,5 +1,15 @@
 //! How every virtplug component reaches the API: a `kube::Client` from a kubeconfig, from the
-//! in-cluster config, or in-process over the embedded server's router (no socket).
+//! in-cluster config, or in-process over the embedded server's router (no socket); and the one
+//! read-modify-write path, [`update`].
+
+pub mod locks;
+pub mod metrics;
+mod update;
+
+pub use update::{
+    blind_patch, merge_diff, try_update, try_update_status, update, update_status, BeforeWrite, MetaKey, Never, UpdateError, UpdateOptions,
+    Updated,
+};
 
 use std::path::{Path, PathBuf};
 

@@ -101,3 +101,4 @@ pub fn vm(name: &str) -> serde_json::Value {
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
 }
+pub mod vmops;

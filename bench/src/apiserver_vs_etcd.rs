@@ -1,0 +1,300 @@
+//! RV-checked single-object updates per second (1, 8, 64 concurrent writers) and watch fan-out
+//! latency (1 change to 100 watchers), for virtplug's API server and for etcd doing the
+//! equivalent compare-and-swap transactions, side by side in one run on loopback.
+//!
+//! Both stores fsync every acknowledged write (virtplug: SQLite WAL with `synchronous=FULL`;
+//! etcd: its WAL). virtplug is reached over HTTPS through kube-rs with a JSON merge patch that
+//! carries `metadata.resourceVersion`; etcd over its HTTP JSON gateway (`/v3/kv/txn` comparing
+//! `mod_revision`, `/v3/watch`), without TLS.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use base64::Engine;
+use clap::Parser;
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use serde_json::json;
+
+#[derive(Parser)]
+struct Args {
+    /// The virtplug binary to benchmark.
+    #[arg(long, default_value = "target/release/virtplug")]
+    virtplug: PathBuf,
+    /// The etcd binary.
+    #[arg(long, default_value = "etcd")]
+    etcd: PathBuf,
+    /// Seconds per writer-count level.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Watch rounds (one change each, fanned out to every watcher).
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    #[arg(long, default_value_t = 100)]
+    watchers: usize,
+}
+
+/// A child process killed (by PID) when dropped.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+async fn start_virtplug(bin: &Path, dir: &Path) -> anyhow::Result<(Proc, kube::Client)> {
+    let mut child = Command::new(bin)
+        .args(["apiserver", "--data-dir"])
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {}", bin.display()))?;
+    let out = child.stdout.take().context("stdout")?;
+    let proc = Proc(child);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(out));
+    let first = lines.next().context("virtplug printed nothing")??;
+    if !first.contains("serving") {
+        bail!("unexpected first line: {first}");
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let client = client::connect(Some(&dir.join("kubeconfig"))).await?;
+    Ok((proc, client))
+}
+
+async fn start_etcd(bin: &Path, dir: &Path) -> anyhow::Result<(Proc, String)> {
+    let (c, p) = (free_port()?, free_port()?);
+    let url = format!("http://127.0.0.1:{c}");
+    let child = Command::new(bin)
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{p}"), "--initial-advertise-peer-urls", &format!("http://127.0.0.1:{p}")])
+        .args(["--initial-cluster", &format!("default=http://127.0.0.1:{p}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {}", bin.display()))?;
+    let proc = Proc(child);
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http.post(format!("{url}/v3/kv/range")).json(&json!({"key": b64("x")})).send().await.is_err() {
+        if Instant::now() > deadline {
+            bail!("etcd did not answer within 20 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok((proc, url))
+}
+
+fn vm(name: &str) -> api::VirtualMachine {
+    serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
+        "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}}}}}}))
+    .expect("valid VM")
+}
+
+async fn virtplug_updates(client: &kube::Client, writers: usize, secs: u64) -> anyhow::Result<f64> {
+    let api: Api<api::VirtualMachine> = Api::namespaced(client.clone(), "default");
+    let count = Arc::new(AtomicU64::new(0));
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let name = format!("bench-{writers}-{w}");
+        let created = api.create(&PostParams::default(), &vm(&name)).await?;
+        let mut rv = created.metadata.resource_version.context("rv")?;
+        let api = api.clone();
+        let count = Arc::clone(&count);
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < end {
+                n += 1;
+                let p = json!({"metadata": {"resourceVersion": rv, "annotations": {"n": n.to_string()}}});
+                let out = api.patch(&name, &PatchParams::default(), &Patch::Merge(p)).await?;
+                rv = out.metadata.resource_version.unwrap_or_default();
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let start = Instant::now();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+async fn etcd_updates(url: &str, writers: usize, secs: u64) -> anyhow::Result<f64> {
+    let count = Arc::new(AtomicU64::new(0));
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let key = b64(&format!("/registry/kubevirt.io/virtualmachines/default/bench-{writers}-{w}"));
+        let http = reqwest::Client::new();
+        let r: serde_json::Value =
+            http.post(format!("{url}/v3/kv/put")).json(&json!({"key": key, "value": b64("{}")})).send().await?.json().await?;
+        let mut rev = r["header"]["revision"].as_str().context("revision")?.to_owned();
+        let url = url.to_owned();
+        let count = Arc::clone(&count);
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < end {
+                n += 1;
+                let body = json!({"compare": [{"key": key, "target": "MOD", "mod_revision": rev, "result": "EQUAL"}],
+                    "success": [{"request_put": {"key": key, "value": b64(&format!("{{\"n\":{n}}}"))}}]});
+                let r: serde_json::Value = http.post(format!("{url}/v3/kv/txn")).json(&body).send().await?.json().await?;
+                if r["succeeded"] != json!(true) {
+                    bail!("etcd compare failed: {r}");
+                }
+                rev = r["header"]["revision"].as_str().context("revision")?.to_owned();
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let start = Instant::now();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+/// Latencies (ms) from "write sent" to "event received", over every watcher and round.
+async fn virtplug_watch(client: &kube::Client, watchers: usize, rounds: usize) -> anyhow::Result<Vec<f64>> {
+    let api: Api<api::VirtualMachine> = Api::namespaced(client.clone(), "default");
+    let created = api.create(&PostParams::default(), &vm("watched")).await?;
+    let rv = created.metadata.resource_version.context("rv")?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
+    for _ in 0..watchers {
+        let mut stream = api.watch(&WatchParams::default().fields("metadata.name=watched").timeout(290), &rv).await?.boxed();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(ev)) = stream.next().await {
+                if let WatchEvent::Modified(v) = ev {
+                    let round: usize = v.metadata.annotations.and_then(|a| a.get("round").and_then(|r| r.parse().ok())).unwrap_or(0);
+                    let _ = tx.send((round, Instant::now()));
+                }
+            }
+        });
+    }
+    let mut lat = Vec::new();
+    for round in 1..=rounds {
+        let sent = Instant::now();
+        api.patch("watched", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"round": round.to_string()}}})))
+            .await?;
+        let mut got = 0;
+        while got < watchers {
+            let (r, at) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await?.context("watchers ended")?;
+            if r == round {
+                lat.push(at.duration_since(sent).as_secs_f64() * 1000.0);
+                got += 1;
+            }
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    Ok(lat)
+}
+
+async fn etcd_watch(url: &str, watchers: usize, rounds: usize) -> anyhow::Result<Vec<f64>> {
+    let key = b64("/registry/kubevirt.io/virtualmachines/default/watched");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    for _ in 0..watchers {
+        let http = reqwest::Client::new();
+        let resp = http.post(format!("{url}/v3/watch")).json(&json!({"create_request": {"key": key}})).send().await?;
+        let tx = tx.clone();
+        let ready = ready_tx.clone();
+        tokio::spawn(async move {
+            let mut stream = resp.bytes_stream();
+            let mut buf = Vec::new();
+            while let Some(Ok(chunk)) = stream.next().await {
+                let at = Instant::now();
+                buf.extend_from_slice(&chunk);
+                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=pos).collect();
+                    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) else { continue };
+                    if v["result"]["created"] == json!(true) {
+                        let _ = ready.send(());
+                    }
+                    for e in v["result"]["events"].as_array().into_iter().flatten() {
+                        let val = e["kv"]["value"].as_str().unwrap_or("");
+                        let decoded = base64::engine::general_purpose::STANDARD.decode(val).unwrap_or_default();
+                        let round = String::from_utf8_lossy(&decoded).parse().unwrap_or(0);
+                        let _ = tx.send((round, at));
+                    }
+                }
+            }
+        });
+    }
+    for _ in 0..watchers {
+        ready_rx.recv().await.context("watch not created")?;
+    }
+    let http = reqwest::Client::new();
+    let mut lat = Vec::new();
+    for round in 1..=rounds {
+        let sent = Instant::now();
+        http.post(format!("{url}/v3/kv/put")).json(&json!({"key": key, "value": b64(&round.to_string())})).send().await?;
+        let mut got = 0;
+        while got < watchers {
+            let (r, at) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await?.context("watchers ended")?;
+            if r == round {
+                lat.push(at.duration_since(sent).as_secs_f64() * 1000.0);
+                got += 1;
+            }
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    Ok(lat)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let (vp_dir, etcd_dir) = (dir.path().join("virtplug"), dir.path().join("etcd"));
+    let (_vp, client) = start_virtplug(&args.virtplug, &vp_dir).await?;
+    let (_etcd, etcd) = start_etcd(&args.etcd, &etcd_dir).await?;
+
+    println!("| writers | virtplug updates/s | etcd txn/s | virtplug / etcd |");
+    println!("|---:|---:|---:|---:|");
+    for writers in [1, 8, 64] {
+        let v = virtplug_updates(&client, writers, args.seconds).await?;
+        let e = etcd_updates(&etcd, writers, args.seconds).await?;
+        println!("| {writers} | {v:.0} | {e:.0} | {:.2} |", v / e);
+    }
+    println!();
+    let v = virtplug_watch(&client, args.watchers, args.rounds).await?;
+    let e = etcd_watch(&etcd, args.watchers, args.rounds).await?;
+    println!("Watch fan-out: 1 change to {} watchers, {} rounds (ms from write sent to event received)", args.watchers, args.rounds);
+    println!();
+    println!("| | p50 | p99 | max |");
+    println!("|---|---:|---:|---:|");
+    for (name, l) in [("virtplug", &v), ("etcd", &e)] {
+        println!("| {name} | {:.2} | {:.2} | {:.2} |", percentile(l, 0.5), percentile(l, 0.99), percentile(l, 1.0));
+    }
+    println!();
+    println!("p50 ratio virtplug / etcd: {:.2}", percentile(&v, 0.5) / percentile(&e, 0.5));
+    Ok(())
+}

@@ -1,0 +1,385 @@
+//! The one read-modify-write path. Every change to an existing object goes through [`update`]
+//! (or [`update_status`]); [`blind_patch`] is the only exception, for single-key label and
+//! annotation writes.
+//!
+//! # Flow
+//! 1. Take the object's lock inside this process (kind, namespace and name), so writers in this
+//!    process queue instead of racing.
+//! 2. GET a fresh copy.
+//! 3. Run the caller's mutation on a copy; it must take every decision from that copy.
+//! 4. Nothing changed: no request, return `wrote: false`.
+//! 5. Otherwise send a JSON merge patch computed from the copy, carrying the
+//!    `metadata.resourceVersion` it was computed from: the server applies it only if the object
+//!    is still at that revision.
+//! 6. On 409 Conflict (someone else wrote in between), back off with jitter and go to 2, up to
+//!    `attempts` times; then return the Conflict. It never overwrites blindly.
+//!
+//! # Guarantees
+//! - A write is always based on the object as it was when the mutation ran: two writers can never
+//!   lose each other's changes, even when one of them replaces a whole array (`disks`).
+//! - Writers of different objects never wait for each other; lock entries disappear with the last
+//!   holder or waiter.
+//!
+//! # Defaults
+//! 5 attempts; backoff before attempt n+1 is uniform in `[50 ms, min(500 ms, 50 ms * 2^n)]`.
+//!
+//! # Caveats
+//! The lock only orders writers within one process; across processes the resourceVersion
+//! precondition does that. A merge patch cannot store an explicit `null`: set a field to `null`
+//! in the mutation and it is removed.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::{locks, metrics};
+
+/// A hook run between the read and the write of every attempt (tests use it to interleave
+/// writers at the worst moment).
+pub type BeforeWrite = Arc<dyn Fn(u32) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Tunables of [`update`].
+#[derive(Clone)]
+pub struct UpdateOptions {
+    /// Attempts before giving up with the Conflict (at least 1).
+    pub attempts: u32,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Field manager sent with the patch.
+    pub field_manager: String,
+    #[doc(hidden)]
+    pub before_write: Option<BeforeWrite>,
+}
+
+impl Default for UpdateOptions {
+    fn default() -> Self {
+        UpdateOptions {
+            attempts: 5,
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(500),
+            field_manager: "virtplug".to_owned(),
+            before_write: None,
+        }
+    }
+}
+
+impl Debug for UpdateOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpdateOptions")
+            .field("attempts", &self.attempts)
+            .field("backoff_min", &self.backoff_min)
+            .field("backoff_max", &self.backoff_max)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`update`] did.
+#[derive(Debug, Clone)]
+pub struct Updated<K> {
+    /// The object after the update (or as read, when nothing changed).
+    pub object: K,
+    /// Whether a write was sent and accepted.
+    pub wrote: bool,
+    /// Reads it took (1 when the first write went through).
+    pub attempts: u32,
+}
+
+/// Errors of [`update`].
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError<E: std::error::Error + 'static> {
+    #[error("{kind} {object} kept changing while an update was being prepared; gave up after {attempts} attempts")]
+    Conflict {
+        kind: String,
+        object: String,
+        attempts: u32,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{kind} {object}: the mutation refused the change")]
+    Mutate {
+        kind: String,
+        object: String,
+        #[source]
+        source: E,
+    },
+    #[error("{kind} {object}: the API request failed")]
+    Api {
+        kind: String,
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{kind} {object}: cannot encode or decode the object")]
+    Codec {
+        kind: String,
+        object: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl<E: std::error::Error + 'static> UpdateError<E> {
+    /// Whether this is a give-up after repeated Conflicts.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, UpdateError::Conflict { .. })
+    }
+    /// Whether the object does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, UpdateError::Api { source: kube::Error::Api(s), .. } if s.code == 404)
+    }
+}
+
+/// The mutation error of an infallible mutation.
+#[derive(Debug, thiserror::Error)]
+#[error("unreachable")]
+pub enum Never {}
+
+/// Which part of the object a write goes to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Main,
+    Status,
+}
+
+/// Read-modify-write of `name` with an infallible mutation. See the module docs.
+///
+/// # Errors
+/// `Conflict` after the attempt limit, `Api` for any other API error (404 included).
+pub async fn update<K>(api: &Api<K>, name: &str, mut mutate: impl FnMut(&mut K)) -> Result<Updated<K>, UpdateError<Never>>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    try_update(api, name, &UpdateOptions::default(), |k| {
+        mutate(k);
+        Ok(())
+    })
+    .await
+}
+
+/// Like [`update`], for the `/status` subresource.
+///
+/// # Errors
+/// As [`update`].
+pub async fn update_status<K>(api: &Api<K>, name: &str, mut mutate: impl FnMut(&mut K)) -> Result<Updated<K>, UpdateError<Never>>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    run(api, name, &UpdateOptions::default(), Part::Status, |k| {
+        mutate(k);
+        Ok(())
+    })
+    .await
+}
+
+/// Read-modify-write with a mutation that may refuse (its error is returned, nothing written).
+///
+/// # Errors
+/// As [`update`], plus `Mutate`.
+pub async fn try_update<K, E>(
+    api: &Api<K>,
+    name: &str,
+    opts: &UpdateOptions,
+    mutate: impl FnMut(&mut K) -> Result<(), E>,
+) -> Result<Updated<K>, UpdateError<E>>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+    E: std::error::Error + 'static,
+{
+    run(api, name, opts, Part::Main, mutate).await
+}
+
+/// [`try_update`] on the `/status` subresource.
+///
+/// # Errors
+/// As [`try_update`].
+pub async fn try_update_status<K, E>(
+    api: &Api<K>,
+    name: &str,
+    opts: &UpdateOptions,
+    mutate: impl FnMut(&mut K) -> Result<(), E>,
+) -> Result<Updated<K>, UpdateError<E>>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+    E: std::error::Error + 'static,
+{
+    run(api, name, opts, Part::Status, mutate).await
+}
+
+async fn run<K, E>(
+    api: &Api<K>,
+    name: &str,
+    opts: &UpdateOptions,
+    part: Part,
+    mut mutate: impl FnMut(&mut K) -> Result<(), E>,
+) -> Result<Updated<K>, UpdateError<E>>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+    E: std::error::Error + 'static,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let object = match api.namespace() {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_owned(),
+    };
+    let api_err = |source| UpdateError::Api { kind: kind.clone(), object: object.clone(), source };
+    let codec = |source| UpdateError::Codec { kind: kind.clone(), object: object.clone(), source };
+    let _lock = locks::lock(&format!("{}/{name}", api.resource_url())).await;
+    let attempts = opts.attempts.max(1);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let current = api.get(name).await.map_err(api_err)?;
+        let mut changed = current.clone();
+        mutate(&mut changed).map_err(|source| UpdateError::Mutate { kind: kind.clone(), object: object.clone(), source })?;
+        let before = serde_json::to_value(&current).map_err(codec)?;
+        let after = serde_json::to_value(&changed).map_err(codec)?;
+        let mut patch = merge_diff(&before, &after);
+        if patch.as_object().is_none_or(Map::is_empty) {
+            metrics::get().noop_skips.inc();
+            return Ok(Updated { object: current, wrote: false, attempts: attempt });
+        }
+        // The precondition: the revision this patch was computed from.
+        let rv = current.meta().resource_version.clone().unwrap_or_default();
+        patch["metadata"]["resourceVersion"] = Value::String(rv);
+        if let Some(hook) = &opts.before_write {
+            hook(attempt).await;
+        }
+        let pp = PatchParams { field_manager: Some(opts.field_manager.clone()), ..PatchParams::default() };
+        let sent = match part {
+            Part::Main => api.patch(name, &pp, &Patch::Merge(&patch)).await,
+            Part::Status => api.patch_status(name, &pp, &Patch::Merge(&patch)).await,
+        };
+        match sent {
+            Ok(object) => {
+                metrics::get().updates.inc();
+                return Ok(Updated { object, wrote: true, attempts: attempt });
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < attempts => {
+                metrics::get().conflicts_retried.inc();
+                tracing::info!(
+                    "{kind} {object} changed while an update was being prepared, retrying on a fresh copy (attempt {attempt}/{attempts})"
+                );
+                tokio::time::sleep(backoff(opts, attempt)).await;
+            }
+            Err(source @ kube::Error::Api(_)) if is_conflict(&source) => {
+                metrics::get().giveups.inc();
+                tracing::warn!("{kind} {object} kept changing; giving up after {attempt} attempts");
+                return Err(UpdateError::Conflict { kind, object, attempts: attempt, source });
+            }
+            Err(source) => return Err(api_err(source)),
+        }
+    }
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn backoff(opts: &UpdateOptions, attempt: u32) -> Duration {
+    let min = opts.backoff_min;
+    let cap = opts.backoff_max.min(min.saturating_mul(1 << attempt.min(16)));
+    if cap <= min {
+        return min;
+    }
+    min + (cap - min).mul_f64(rand::random::<f64>())
+}
+
+/// The RFC 7396 merge patch that turns `before` into `after`: objects recurse, arrays and
+/// scalars are replaced whole, removed keys become `null`.
+#[must_use]
+pub fn merge_diff(before: &Value, after: &Value) -> Value {
+    match (before, after) {
+        (Value::Object(b), Value::Object(a)) => {
+            let mut out = Map::new();
+            for (k, bv) in b {
+                match a.get(k) {
+                    None => {
+                        out.insert(k.clone(), Value::Null);
+                    }
+                    Some(av) if av != bv => {
+                        let d = merge_diff(bv, av);
+                        out.insert(k.clone(), d);
+                    }
+                    Some(_) => {}
+                }
+            }
+            for (k, av) in a {
+                if !b.contains_key(k) {
+                    out.insert(k.clone(), av.clone());
+                }
+            }
+            Value::Object(out)
+        }
+        _ => after.clone(),
+    }
+}
+
+/// What [`blind_patch`] may write.
+#[derive(Clone, Copy, Debug)]
+pub enum MetaKey {
+    Label,
+    Annotation,
+}
+
+/// The only write outside [`update`]: sets (or, with `None`, removes) one label or annotation
+/// with a merge patch that carries no resourceVersion. Safe without a precondition because it
+/// touches one map key and no array, so it cannot undo anyone else's change.
+///
+/// # Errors
+/// The API error.
+pub async fn blind_patch<K>(api: &Api<K>, name: &str, which: MetaKey, key: &str, value: Option<&str>) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let field = match which {
+        MetaKey::Label => "labels",
+        MetaKey::Annotation => "annotations",
+    };
+    let mut map = Map::new();
+    map.insert(key.to_owned(), value.map_or(Value::Null, |v| Value::String(v.to_owned())));
+    let mut meta = Map::new();
+    meta.insert(field.to_owned(), Value::Object(map));
+    let mut body = Map::new();
+    body.insert("metadata".to_owned(), Value::Object(meta));
+    api.patch(name, &PatchParams::default(), &Patch::Merge(Value::Object(body))).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn merge_diff_round_trips_through_merge() {
+        let before = json!({"a": 1, "b": {"c": [1, 2], "d": "x"}, "gone": true});
+        let after = json!({"a": 1, "b": {"c": [2], "e": 3}, "new": {"k": "v"}});
+        let patch = merge_diff(&before, &after);
+        assert_eq!(patch, json!({"b": {"c": [2], "d": null, "e": 3}, "gone": null, "new": {"k": "v"}}));
+        let mut doc = before.clone();
+        json_patch::merge(&mut doc, &patch);
+        assert_eq!(doc, after);
+        assert_eq!(merge_diff(&after, &after), json!({}));
+    }
+
+    #[test]
+    fn backoff_stays_within_bounds() {
+        let o = UpdateOptions::default();
+        for attempt in 1..10 {
+            let b = backoff(&o, attempt);
+            assert!(b >= o.backoff_min && b <= o.backoff_max, "{b:?}");
+        }
+    }
+}
