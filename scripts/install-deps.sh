@@ -9,7 +9,7 @@ need_root() { [ "$(id -u)" = 0 ] || { echo "install-deps: run as root (apt-get n
 STATE=${VIRTPLUG_APT_STATE:-/var/cache/virtplug-apt}
 mirror() { awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true; }
 
-base_pkgs=(busybox-static kmod cpio e2fsprogs util-linux etcd-server etcd-client xorriso python3-venv curl)
+base_pkgs=(busybox-static kmod cpio e2fsprogs util-linux etcd-server etcd-client xorriso isolinux syslinux-common python3-venv curl)
 missing=()
 for p in "${base_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 qemu_ok=0

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the test guest from Debian packages and caches it: the generic kernel (vmlinuz; the cloud flavour has no AHCI for sata CD-ROMs), an
+# initramfs with static busybox, the virtio/SCSI/CD-ROM modules and tests/guest/init, and a
+# bootable ISO of the same guest (isolinux). Output: $VIRTPLUG_GUEST_DIR (default .cache/guest).
+# A second run with unchanged inputs does nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${VIRTPLUG_GUEST_DIR:-$PWD/.cache/guest}
+stamp_in=$(sha256sum tests/guest/init scripts/build-test-guest.sh | sha256sum | cut -c1-16)
+if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp_in" ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initramfs.cpio.gz" ] && [ -f "$out/guest.iso" ]; then
+  exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$out"
+pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+[ -n "$pkg" ] || { echo "build-test-guest: cannot resolve linux-image-amd64 (run apt-get update)" >&2; exit 1; }
+(cd "$work" && apt-get download -qq "$pkg")
+dpkg-deb -x "$work"/linux-image-*.deb "$work/k"
+kver=$(ls "$work/k/lib/modules")
+depmod -b "$work/k" "$kver"
+root="$work/root"
+mkdir -p "$root/bin" "$root/modules"
+cp /bin/busybox "$root/bin/busybox"
+install -m 0755 tests/guest/init "$root/init"
+: > "$root/modules.order"
+for m in virtio_scsi sd_mod sr_mod virtio_blk ahci; do
+  modprobe -d "$work/k" -S "$kver" --show-depends "$m" | awk '/^insmod/ {print $2}'
+done | awk '!seen[$0]++' | while read -r ko; do
+  name=$(basename "$ko" .ko)
+  cp "$ko" "$root/modules/$name.ko"
+  echo "$name" >> "$root/modules.order"
+done
+(cd "$root" && find . | cpio -o -H newc --quiet | gzip -9) > "$work/initramfs.cpio.gz"
+cp "$work/k/boot/vmlinuz-$kver" "$work/vmlinuz"
+# Bootable ISO of the same guest.
+iso="$work/iso"
+mkdir -p "$iso/isolinux"
+cp /usr/lib/ISOLINUX/isolinux.bin /usr/lib/syslinux/modules/bios/ldlinux.c32 "$iso/isolinux/"
+cp "$work/vmlinuz" "$work/initramfs.cpio.gz" "$iso/"
+printf 'DEFAULT guest\nPROMPT 0\nTIMEOUT 0\nLABEL guest\n  KERNEL /vmlinuz\n  INITRD /initramfs.cpio.gz\n  APPEND console=ttyS0 quiet panic=-1\n' > "$iso/isolinux/isolinux.cfg"
+xorriso -as mkisofs -quiet -o "$work/guest.iso" -V VPGUEST -b isolinux/isolinux.bin -c isolinux/boot.cat \
+  -no-emul-boot -boot-load-size 4 -boot-info-table "$iso"
+mv "$work/vmlinuz" "$work/initramfs.cpio.gz" "$work/guest.iso" "$out/"
+echo "$stamp_in" > "$out/stamp"
+echo "test guest: $out (kernel $kver)"
