@@ -24,7 +24,7 @@ mkdir -p "$root/bin" "$root/modules"
 cp /bin/busybox "$root/bin/busybox"
 install -m 0755 tests/guest/init "$root/init"
 : > "$root/modules.order"
-for m in virtio_scsi sd_mod sr_mod virtio_blk ahci; do
+for m in virtio_pci virtio_scsi sd_mod sr_mod virtio_blk ahci; do
   modprobe -d "$work/k" -S "$kver" --show-depends "$m" | awk '/^insmod/ {print $2}'
 done | awk '!seen[$0]++' | while read -r ko; do
   name=$(basename "$ko" .ko)

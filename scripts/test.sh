@@ -11,6 +11,8 @@ if [ ! -x .venv/bin/pytest ]; then
   .venv/bin/pip install -q -r tests/python/requirements.txt
 fi
 
+./scripts/build-test-guest.sh
+
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets

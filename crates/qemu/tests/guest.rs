@@ -1,0 +1,334 @@
+//! The QEMU layer against a real guest under TCG: every assertion about a device is made from
+//! inside the guest (its serial console reports block devices and CD-ROM media).
+//!
+//! Needs QEMU and the test guest (`scripts/build-test-guest.sh`, which `scripts/test.sh` runs).
+//! Every QEMU this file starts is killed by PID when its test ends, pass or fail; loop devices
+//! are detached the same way.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use qemu::accel::{self, Accel, Resolved};
+use qemu::cmdline::{CdromDrive, KernelBoot, LaunchSpec};
+use qemu::console::Console;
+use qemu::ops::{self, Attach, DeviceKind, Machine, OpError, Source};
+use qemu::process::{self, Process};
+use qemu::qmp::{Qmp, QmpError};
+use serde_json::json;
+
+const BOOT: Duration = Duration::from_secs(60);
+const SEE: Duration = Duration::from_secs(10);
+
+fn guest_dir() -> PathBuf {
+    let dir = std::env::var_os("VIRTPLUG_GUEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/guest"), PathBuf::from);
+    assert!(dir.join("vmlinuz").is_file(), "no test guest in {}: run scripts/build-test-guest.sh", dir.display());
+    dir
+}
+
+/// A booted test guest; QEMU is killed by PID on drop.
+struct TestVm {
+    process: Process,
+    machine: Machine,
+    console: Console,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for TestVm {
+    fn drop(&mut self) {
+        if self.process.alive() {
+            if let Some(pid) = rustix::process::Pid::from_raw(self.process.pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
+fn launch_spec(dir: &Path) -> LaunchSpec {
+    let g = guest_dir();
+    LaunchSpec {
+        name: "test".into(),
+        run_dir: dir.join("run"),
+        memory_mib: 256,
+        vcpus: 1,
+        accel: Resolved::Tcg,
+        kernel: Some(KernelBoot {
+            kernel: g.join("vmlinuz"),
+            initrd: Some(g.join("initramfs.cpio.gz")),
+            cmdline: "console=ttyS0 quiet panic=-1".into(),
+        }),
+        boot_disks: vec![],
+        cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
+        user_net: false,
+    }
+}
+
+impl TestVm {
+    async fn boot() -> TestVm {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = launch_spec(dir.path());
+        let process = process::launch(&spec).await.unwrap();
+        let mut console = Console::connect(&spec.serial_socket(), Duration::from_secs(5)).await.unwrap();
+        let qmp = Qmp::connect_within(&spec.qmp_socket(), Duration::from_secs(5)).await.unwrap();
+        let vm = TestVm {
+            process,
+            machine: Machine::new(qmp),
+            console: Console::connect(&spec.serial_socket(), Duration::from_secs(1)).await.unwrap(),
+            _dir: dir,
+        };
+        // The first console connection sees the boot; keep it, drop the spare.
+        let mut vm = vm;
+        std::mem::swap(&mut vm.console, &mut console);
+        drop(console);
+        vm.console.wait_for(BOOT, |l| l.starts_with("VP-READY")).await.expect("the guest booted to VP-READY");
+        vm
+    }
+
+    async fn see(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        match self.console.wait_for(SEE, pred).await {
+            Some(l) => l.text,
+            None => {
+                panic!("the guest did not report {what}; it printed: {:?}", self.console.seen.iter().map(|l| &l.text).collect::<Vec<_>>())
+            }
+        }
+    }
+
+    /// How many fds QEMU holds open on `path`.
+    fn qemu_fds_on(&self, path: &Path) -> usize {
+        let canon = std::fs::canonicalize(path).unwrap();
+        std::fs::read_dir(format!("/proc/{}/fd", self.process.pid))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|t| *t == canon)
+            .count()
+    }
+}
+
+/// A sparse image whose first 16 bytes are `marker`.
+fn image(dir: &Path, name: &str, marker: &[u8; 16], size: u64) -> PathBuf {
+    let p = dir.join(name);
+    let mut f = std::fs::File::create(&p).unwrap();
+    f.write_all(marker).unwrap();
+    f.set_len(size).unwrap();
+    p
+}
+
+fn open(path: &Path, write: bool) -> OwnedFd {
+    std::fs::OpenOptions::new().read(true).write(write).open(path).unwrap().into()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A loop device over a file, detached on drop.
+struct Loop(PathBuf);
+impl Loop {
+    fn new(file: &Path) -> Loop {
+        let out = std::process::Command::new("losetup").args(["--find", "--show"]).arg(file).output().unwrap();
+        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+        Loop(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    }
+}
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
+
+fn disk(volume: &str, fd: OwnedFd) -> Attach {
+    Attach { volume: volume.into(), serial: volume.into(), kind: DeviceKind::Disk, readonly: false, source: Source::Fd(fd) }
+}
+
+#[test]
+fn auto_accelerator_never_picks_kvm_pvm() {
+    let choice = accel::resolve(Accel::Auto);
+    let modules = std::fs::read_to_string("/proc/modules").unwrap_or_default();
+    if modules.lines().any(|l| l.starts_with("kvm_pvm ")) {
+        assert_eq!(choice.accel, Resolved::Tcg, "{}", choice.reason);
+        assert!(choice.reason.contains("kvm_pvm"), "says why: {}", choice.reason);
+    }
+    eprintln!("auto accelerator here: {} ({})", choice.accel, choice.reason);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boots_to_ready_and_hotplugs_file_and_loop_by_fd() {
+    let mut vm = TestVm::boot().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = image(dir.path(), "file.img", b"VP-FILE-DISK-001", 8 << 20);
+    let backing = image(dir.path(), "loop.img", b"VP-LOOP-DISK-002", 16 << 20);
+    let lo = Loop::new(&backing);
+
+    vm.machine.attach(disk("vol-file", open(&file, true))).await.unwrap();
+    let plugged = vm.see("the file disk", |l| l.starts_with("BLOCK+") && l.contains("id=serial.vol-file")).await;
+    let f: Vec<&str> = plugged.split_whitespace().collect();
+    assert_eq!((f[2], f[3]), ("16384", hex(b"VP-FILE-DISK-001").as_str()), "{plugged}");
+    assert_eq!(vm.qemu_fds_on(&file), 1, "QEMU holds exactly one fd on the image");
+
+    vm.machine.attach(disk("vol-loop", open(&lo.0, true))).await.unwrap();
+    let plugged_loop = vm.see("the loop disk", |l| l.starts_with("BLOCK+") && l.contains("id=serial.vol-loop")).await;
+    let l: Vec<&str> = plugged_loop.split_whitespace().collect();
+    assert_eq!((l[2], l[3]), ("32768", hex(b"VP-LOOP-DISK-002").as_str()), "{plugged_loop}");
+
+    let attached: Vec<String> = vm.machine.attached().await.unwrap().into_iter().map(|a| a.volume).collect();
+    assert_eq!(attached, ["vol-file", "vol-loop"]);
+
+    for (volume, line) in [("vol-file", &plugged), ("vol-loop", &plugged_loop)] {
+        let dev = line.split_whitespace().nth(1).unwrap().to_owned();
+        vm.machine.detach(volume).await.unwrap();
+        vm.see("the unplug", |l| l.starts_with(&format!("BLOCK- {dev} "))).await;
+    }
+    assert_eq!(vm.qemu_fds_on(&file), 0, "unplug closed QEMU's fd on the image");
+    assert!(vm.machine.attached().await.unwrap().is_empty());
+
+    // Plugging the same volume again proves the unplug cleaned up (node, fdset, device).
+    vm.machine.attach(disk("vol-file", open(&file, true))).await.unwrap();
+    vm.see("the file disk again", |l| l.starts_with("BLOCK+") && l.contains("id=serial.vol-file")).await;
+    vm.machine.detach("vol-file").await.unwrap();
+    vm.see("the second unplug", |l| l.starts_with("BLOCK- ")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cdrom_insert_swap_eject_on_an_empty_sata_drive() {
+    let mut vm = TestVm::boot().await;
+    vm.see("the empty drive", |l| l == "MEDIA sr0 out" || l.starts_with("MEDIA sr0 out ")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.iso", b"VP-CDROM-MEDIUMA", 4 << 20);
+    let b = image(dir.path(), "b.iso", b"VP-CDROM-MEDIUMB", 6 << 20);
+
+    vm.machine.insert_medium("cd0", "iso-a", Source::Fd(open(&a, false))).await.unwrap();
+    let line = vm.see("medium A", |l| l.starts_with("MEDIA sr0 in ")).await;
+    assert!(line.contains(&hex(b"VP-CDROM-MEDIUMA")), "{line}");
+
+    vm.machine.insert_medium("cd0", "iso-b", Source::Fd(open(&b, false))).await.unwrap();
+    let line = vm.see("medium B", |l| l.starts_with("MEDIA sr0 in ") && l.contains(&hex(b"VP-CDROM-MEDIUMB"))).await;
+    assert!(line.contains(&hex(b"VP-CDROM-MEDIUMB")));
+    assert_eq!(vm.qemu_fds_on(&a), 0, "the swapped-out medium is closed");
+
+    vm.machine.eject("cd0").await.unwrap();
+    vm.see("the eject", |l| l.starts_with("MEDIA sr0 out")).await;
+    assert_eq!(vm.qemu_fds_on(&b), 0);
+    let drives = vm.machine.drives().await.unwrap();
+    assert_eq!(drives.iter().find(|d| d.id == "cd0").unwrap().medium_node, None);
+    // A read-write fd for a medium is refused before QEMU sees it.
+    let e = vm.machine.insert_medium("cd0", "iso-a", Source::Fd(open(&a, true))).await.unwrap_err();
+    assert!(matches!(e, OpError::FdMode { .. }), "{e}");
+    let e = vm.machine.insert_medium("nodrive", "iso-a", Source::Fd(open(&a, false))).await.unwrap_err();
+    assert!(e.to_string().contains("CD-ROM drive nodrive does not exist"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_disks_attached_concurrently_then_all_detached() {
+    let mut vm = TestVm::boot().await;
+    let dir = tempfile::tempdir().unwrap();
+    let vols: Vec<(String, PathBuf)> = (0..16)
+        .map(|i| {
+            let marker: [u8; 16] = *format!("VP-MULTI-DISK-{i:02}").as_bytes().first_chunk().unwrap();
+            (format!("multi-{i:02}"), image(dir.path(), &format!("m{i}.img"), &marker, 4 << 20))
+        })
+        .collect();
+    let m = &vm.machine;
+    futures::future::try_join_all(vols.iter().map(|(v, p)| m.attach(disk(v, open(p, true))))).await.unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 16 {
+        let line = vm.see("16 disks", |l| l.starts_with("BLOCK+")).await;
+        seen.insert(line.split("id=serial.").nth(1).unwrap().split_whitespace().next().unwrap().to_owned());
+    }
+    assert_eq!(seen, vols.iter().map(|(v, _)| v.clone()).collect());
+    let m = &vm.machine;
+    futures::future::try_join_all(vols.iter().map(|(v, _)| m.detach(v))).await.unwrap();
+    for _ in 0..16 {
+        vm.see("16 unplugs", |l| l.starts_with("BLOCK-")).await;
+    }
+    assert!(vm.machine.attached().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_client_sees_what_was_attached() {
+    let mut vm = TestVm::boot().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", b"VP-REATTACH-00A!", 4 << 20);
+    let b = image(dir.path(), "b.img", b"VP-REATTACH-00B!", 4 << 20);
+    vm.machine.attach(disk("keep-a", open(&a, true))).await.unwrap();
+    vm.machine.attach(Attach { readonly: true, ..disk("keep-b", open(&b, false)) }).await.unwrap();
+    vm.see("disk b", |l| l.contains("id=serial.keep-b")).await;
+    let before = vm.machine.attached().await.unwrap();
+    let socket = vm.process.run_dir.join("qmp.sock");
+    // A second client gets no greeting while the first is connected (QEMU serves one at a time).
+    let e = Qmp::connect(&socket).await.err().expect("a second client is refused");
+    assert!(e.to_string().contains("another QMP client"), "{e}");
+    // Drop the client (as a restarted agent would have lost it), then attach a new one.
+    vm.machine.qmp.close();
+    vm.machine = Machine::new(Qmp::connect(&socket).await.unwrap());
+    let after = vm.machine.attached().await.unwrap();
+    assert_eq!(before, after);
+    assert_eq!(after.iter().map(|a| (a.volume.as_str(), a.readonly)).collect::<Vec<_>>(), [("keep-a", false), ("keep-b", true)]);
+    // Attach is idempotent: re-attaching an attached volume changes nothing.
+    vm.machine.attach(disk("keep-a", open(&a, true))).await.unwrap();
+    assert_eq!(vm.machine.attached().await.unwrap(), after);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_typed_and_qemu_keeps_running() {
+    let vm = TestVm::boot().await;
+    let q = &vm.machine.qmp;
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "e.img", b"VP-ERRORS-000000", 4 << 20);
+
+    // Detach of an unknown device: the raw command is a typed DeviceNotFound; the operation is
+    // idempotent and reports nothing to do.
+    let e = q.execute("device_del", json!({"id": "vp-nothing"})).await.unwrap_err();
+    assert_eq!(e.class(), Some("DeviceNotFound"), "{e}");
+    assert!(e.to_string().contains("device_del on vp-nothing failed"), "{e}");
+    vm.machine.detach("nothing").await.unwrap();
+
+    // Duplicate device id.
+    vm.machine.attach(disk("dup", open(&img, true))).await.unwrap();
+    let e = q
+        .execute("device_add", json!({"driver": "scsi-hd", "id": "vp-dup", "bus": "hotplug-scsi.0", "drive": ops::node_name("dup")}))
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, QmpError::Command { class, desc, .. } if class == "GenericError" && desc.contains("Duplicate")), "{e}");
+
+    // A closed fd: the fdset's only fd was removed (closed in QEMU) before blockdev-add.
+    let r = q.execute_with_fd("add-fd", json!({}), std::os::fd::AsFd::as_fd(&open(&img, true))).await.unwrap();
+    let set = r["fdset-id"].as_i64().unwrap();
+    q.execute("remove-fd", json!({"fdset-id": set})).await.unwrap();
+    let e = q
+        .execute(
+            "blockdev-add",
+            json!({"node-name": "closed", "driver": "raw", "file": {"driver": "file", "filename": format!("/dev/fdset/{set}")}}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.class(), Some("GenericError"), "{e}");
+    assert!(e.to_string().contains("blockdev-add on closed failed"), "{e}");
+
+    // A read-write attach of a read-only fd is refused with the fix in the message.
+    let e = vm.machine.attach(disk("ro", open(&img, false))).await.unwrap_err();
+    assert!(matches!(e, OpError::FdMode { have: "read-only", want: "read-write", .. }), "{e}");
+    assert!(e.to_string().contains("open it read-write"), "{e}");
+
+    // A LUN needs a block device.
+    let e = vm.machine.attach(Attach { kind: DeviceKind::Lun, ..disk("lun", open(&img, true)) }).await.unwrap_err();
+    assert!(matches!(e, OpError::LunNeedsBlock { .. }), "{e}");
+
+    let status = q.execute("query-status", json!({})).await.unwrap();
+    assert_eq!(status["status"], "running", "QEMU keeps running after every error");
+    assert!(vm.process.alive());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_has_a_deadline_then_force() {
+    let vm = TestVm::boot().await;
+    // The test guest has no ACPI power-button handler: the graceful attempt must time out.
+    let done = vm.machine.powerdown(Duration::from_secs(2)).await.unwrap();
+    assert!(!done);
+    vm.machine.quit().await;
+    assert!(vm.process.wait_gone(Duration::from_secs(10)).await, "QEMU exited after quit");
+    assert!(!vm.process.alive());
+}
