@@ -38,7 +38,7 @@ iso="$work/iso"
 mkdir -p "$iso/isolinux"
 cp /usr/lib/ISOLINUX/isolinux.bin /usr/lib/syslinux/modules/bios/ldlinux.c32 "$iso/isolinux/"
 cp "$work/vmlinuz" "$work/initramfs.cpio.gz" "$iso/"
-printf 'DEFAULT guest\nPROMPT 0\nTIMEOUT 0\nLABEL guest\n  KERNEL /vmlinuz\n  INITRD /initramfs.cpio.gz\n  APPEND console=ttyS0 quiet panic=-1\n' > "$iso/isolinux/isolinux.cfg"
+printf 'DEFAULT guest\nPROMPT 0\nTIMEOUT 0\nLABEL guest\n  KERNEL /vmlinuz\n  INITRD /initramfs.cpio.gz\n  APPEND console=ttyS0 quiet panic=-1 mitigations=off\n' > "$iso/isolinux/isolinux.cfg"
 xorriso -as mkisofs -quiet -o "$work/guest.iso" -V VPGUEST -b isolinux/isolinux.bin -c isolinux/boot.cat \
   -no-emul-boot -boot-load-size 4 -boot-info-table "$iso"
 mv "$work/vmlinuz" "$work/initramfs.cpio.gz" "$work/guest.iso" "$out/"

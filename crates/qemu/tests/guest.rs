@@ -59,7 +59,7 @@ fn launch_spec(dir: &Path) -> LaunchSpec {
         kernel: Some(KernelBoot {
             kernel: g.join("vmlinuz"),
             initrd: Some(g.join("initramfs.cpio.gz")),
-            cmdline: "console=ttyS0 quiet panic=-1".into(),
+            cmdline: "console=ttyS0 quiet panic=-1 mitigations=off".into(),
         }),
         boot_disks: vec![],
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
@@ -184,6 +184,18 @@ async fn boots_to_ready_and_hotplugs_file_and_loop_by_fd() {
     }
     assert_eq!(vm.qemu_fds_on(&file), 0, "unplug closed QEMU's fd on the image");
     assert!(vm.machine.attached().await.unwrap().is_empty());
+
+    // By path (bind-mount mode): QEMU opens the file itself.
+    let by_path = image(dir.path(), "path.img", b"VP-PATH-DISK-003", 4 << 20);
+    vm.machine.attach(Attach { source: Source::Path(by_path.clone()), ..disk("vol-path", open(&file, true)) }).await.unwrap();
+    let line = vm.see("the disk attached by path", |l| l.starts_with("BLOCK+") && l.contains("id=serial.vol-path")).await;
+    assert!(line.contains(&hex(b"VP-PATH-DISK-003")), "{line}");
+    // Boot order for the next boot is a property of the device.
+    vm.machine.set_bootindex("vp-vol-path", 5).await.unwrap();
+    let idx = vm.machine.qmp.execute("qom-get", json!({"path": "/machine/peripheral/vp-vol-path", "property": "bootindex"})).await.unwrap();
+    assert_eq!(idx, json!(5));
+    vm.machine.detach("vol-path").await.unwrap();
+    vm.see("the path disk unplugged", |l| l.starts_with("BLOCK- ")).await;
 
     // Plugging the same volume again proves the unplug cleaned up (node, fdset, device).
     vm.machine.attach(disk("vol-file", open(&file, true))).await.unwrap();
@@ -331,4 +343,28 @@ async fn graceful_shutdown_has_a_deadline_then_force() {
     vm.machine.quit().await;
     assert!(vm.process.wait_gone(Duration::from_secs(10)).await, "QEMU exited after quit");
     assert!(!vm.process.alive());
+}
+
+/// The bootable ISO of the test guest boots from a `sata` CD-ROM with `bootindex` 1 (what
+/// Redfish boot-from-virtual-media relies on later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guest_iso_boots_from_the_sata_cdrom() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = launch_spec(dir.path());
+    spec.kernel = None;
+    spec.cdrom_drives = vec![CdromDrive { id: "cd0".into(), bootindex: Some(1), medium: Some(guest_dir().join("guest.iso")) }];
+    let process = process::launch(&spec).await.unwrap();
+    let mut console = Console::connect(&spec.serial_socket(), Duration::from_secs(5)).await.unwrap();
+    let qmp = Qmp::connect_within(&spec.qmp_socket(), Duration::from_secs(5)).await.unwrap();
+    let mut vm = TestVm {
+        process,
+        machine: Machine::new(qmp),
+        console: Console::connect(&spec.serial_socket(), Duration::from_secs(1)).await.unwrap(),
+        _dir: dir,
+    };
+    std::mem::swap(&mut vm.console, &mut console);
+    drop(console);
+    vm.console.wait_for(BOOT, |l| l.starts_with("VP-READY")).await.expect("the ISO booted to VP-READY");
+    let line = vm.see("the boot medium", |l| l.starts_with("MEDIA sr0 in ")).await;
+    assert!(line.contains(&"0".repeat(32)), "an ISO 9660 medium starts with a zeroed system area: {line}");
 }

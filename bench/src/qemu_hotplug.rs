@@ -1,0 +1,147 @@
+//! The floor that end-to-end hot-plug is compared against: QEMU alone, driven by the `qemu`
+//! crate, measured from the host against the test guest's own reports (TCG on this machine).
+//!
+//! - VM start → `VP-READY` (exec of QEMU to the guest's ready line);
+//! - QMP round trip (`query-status`);
+//! - attach (add-fd, blockdev-add, remove-fd, device_add) → guest `SEEN` (detection, no fork in
+//!   the guest before it) and → `BLOCK+` (after the guest read size, first bytes and serial);
+//! - detach started → guest `BLOCK-` line, and → detach complete (DEVICE_DELETED, blockdev-del).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use qemu::accel::Resolved;
+use qemu::cmdline::{CdromDrive, KernelBoot, LaunchSpec};
+use qemu::console::Console;
+use qemu::ops::{Attach, DeviceKind, Machine, Source};
+use qemu::qmp::Qmp;
+
+#[derive(Parser)]
+struct Args {
+    /// The test guest (scripts/build-test-guest.sh).
+    #[arg(long, default_value = ".cache/guest")]
+    guest: PathBuf,
+    #[arg(long, default_value_t = 50)]
+    runs: usize,
+    #[arg(long, default_value_t = 5)]
+    boots: usize,
+    #[arg(long, default_value = "tcg")]
+    accel: String,
+}
+
+struct Vm {
+    process: qemu::process::Process,
+    machine: Machine,
+    console: Console,
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        // Kill only the QEMU this harness started, by PID (checked against its pidfile).
+        if self.process.alive() {
+            if let Some(pid) = rustix::process::Pid::from_raw(self.process.pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
+fn stats(mut v: Vec<f64>) -> String {
+    v.sort_by(f64::total_cmp);
+    let p = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+    format!("{:.1} | {:.1} | {:.1} | {}", p(0.5), p(0.99), v[v.len() - 1], v.len())
+}
+
+async fn boot(args: &Args, dir: &std::path::Path) -> anyhow::Result<(Vm, f64)> {
+    let spec = LaunchSpec {
+        name: "bench".into(),
+        run_dir: dir.to_owned(),
+        memory_mib: 256,
+        vcpus: 1,
+        accel: if args.accel == "kvm" { Resolved::Kvm } else { Resolved::Tcg },
+        kernel: Some(KernelBoot {
+            kernel: args.guest.join("vmlinuz"),
+            initrd: Some(args.guest.join("initramfs.cpio.gz")),
+            cmdline: "console=ttyS0 quiet panic=-1 mitigations=off".into(),
+        }),
+        boot_disks: vec![],
+        cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
+        user_net: false,
+    };
+    let start = Instant::now();
+    let process = qemu::process::launch(&spec).await?;
+    let mut console = Console::connect(&spec.serial_socket(), Duration::from_secs(5)).await?;
+    let qmp = Qmp::connect_within(&spec.qmp_socket(), Duration::from_secs(5)).await?;
+    let ready = console.wait_for(Duration::from_secs(120), |l| l.starts_with("VP-READY")).await.context("no VP-READY")?;
+    Ok((Vm { process, machine: Machine::new(qmp), console }, ready.at.duration_since(start).as_secs_f64() * 1000.0))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let tmp = tempfile::tempdir()?;
+    let mut boots = Vec::new();
+    for i in 0..args.boots {
+        let (vm, ms) = boot(&args, &tmp.path().join(format!("boot{i}"))).await?;
+        boots.push(ms);
+        drop(vm);
+    }
+    let (mut vm, _) = boot(&args, &tmp.path().join("main")).await?;
+
+    let mut rtt = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        vm.machine.qmp.execute("query-status", serde_json::json!({})).await?;
+        rtt.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+
+    let img = tmp.path().join("disk.img");
+    {
+        let mut f = std::fs::File::create(&img)?;
+        f.write_all(b"VP-BENCH-DISK-01")?;
+        f.set_len(8 << 20)?;
+    }
+    let (mut detect, mut plug, mut gone, mut detach_done) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..args.runs {
+        let volume = format!("bench-{i}");
+        let fd = std::fs::OpenOptions::new().read(true).write(true).open(&img)?;
+        let t = Instant::now();
+        vm.machine
+            .attach(Attach {
+                volume: volume.clone(),
+                serial: volume.clone(),
+                kind: DeviceKind::Disk,
+                readonly: false,
+                source: Source::Fd(fd.into()),
+            })
+            .await?;
+        let seen = vm.console.wait_for(Duration::from_secs(10), |l| l.starts_with("SEEN ")).await.context("no SEEN")?;
+        detect.push(seen.at.duration_since(t).as_secs_f64() * 1000.0);
+        let want = format!("id=serial.{volume}");
+        let line =
+            vm.console.wait_for(Duration::from_secs(10), |l| l.starts_with("BLOCK+") && l.contains(&want)).await.context("no BLOCK+")?;
+        plug.push(line.at.duration_since(t).as_secs_f64() * 1000.0);
+        let dev = line.text.split_whitespace().nth(1).unwrap_or("sda").to_owned();
+
+        let t = Instant::now();
+        let detach = vm.machine.detach(&volume);
+        let see = vm.console.wait_for(Duration::from_secs(10), |l| l.starts_with(&format!("BLOCK- {dev} ")));
+        let (d, seen) = tokio::join!(detach, see);
+        d?;
+        detach_done.push(t.elapsed().as_secs_f64() * 1000.0);
+        let seen = seen.context("no BLOCK-")?;
+        gone.push(seen.at.duration_since(t).as_secs_f64() * 1000.0);
+    }
+    println!("| measure (ms) | p50 | p99 | max | n |");
+    println!("|---|---:|---:|---:|---:|");
+    println!("| VM start → guest `VP-READY` | {} |", stats(boots));
+    println!("| QMP round trip (`query-status`) | {} |", stats(rtt));
+    println!("| attach by fd → guest detects the disk (`SEEN`) | {} |", stats(detect));
+    println!("| attach by fd → guest has read size, content, serial (`BLOCK+`) | {} |", stats(plug));
+    println!("| detach → guest `BLOCK-` | {} |", stats(gone));
+    println!("| detach → complete (DEVICE_DELETED, blockdev-del) | {} |", stats(detach_done));
+    Ok(())
+}
