@@ -1,6 +1,7 @@
 //! `virtplug`: the one binary. `up` runs the embedded stack; the other subcommands run one
 //! component or talk to a running one.
 
+mod migrate;
 mod serve;
 
 use std::path::PathBuf;
@@ -25,6 +26,9 @@ enum Command {
     Apiserver(serve::ApiserverArgs),
     /// Print the CRD manifests for cluster mode (deploy/crds.yaml).
     Crds,
+    /// One-off migrations of a cluster's objects.
+    #[command(subcommand)]
+    Migrate(migrate::Migrate),
 }
 
 /// The default data dir of `up`: `$XDG_DATA_HOME/virtplug`, else `~/.local/share/virtplug`.
@@ -52,6 +56,12 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Up(args) => serve::up(args).await,
             Command::Apiserver(args) => serve::apiserver(args).await,
+            Command::Migrate(m) => match migrate::run(m).await {
+                // Fail closed: anything refused or failed is a non-zero exit.
+                Ok(true) => Ok(()),
+                Ok(false) => std::process::exit(1),
+                Err(e) => Err(e),
+            },
             Command::Crds => {
                 for crd in api::crd::all() {
                     println!("---\n{}", serde_yaml::to_string(&crd)?);

@@ -1,0 +1,5 @@
+//! virtplug's controller crate. Implemented so far: [`migrate`], the move of VMI-only hot-plugged
+//! volumes into VM specs before declarative hot-plug is turned on. VM lifecycle, declarative
+//! hot-plug, the legacy volume requests and local storage come with the controller issue.
+
+pub mod migrate;
