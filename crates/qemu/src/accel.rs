@@ -1,7 +1,8 @@
 //! Choosing the accelerator. `auto` must never settle on one that cannot run the guest.
 //!
-//! Probe: KVM is used only when `/dev/kvm` opens read-write **and** the KVM module is not
-//! `kvm_pvm`. `kvm_pvm` is a paravirtualised nested KVM: QMP's `query-kvm` reports it enabled and
+//! Probe: KVM is used only when `/dev/kvm` opens read-write **and** the KVM implementation is not
+//! `kvm_pvm` (seen in `/sys/module`, which lists built-in modules too, or `/proc/modules`, which
+//! some kernels do not have). `kvm_pvm` is a paravirtualised nested KVM: QMP's `query-kvm` reports it enabled and
 //! SeaBIOS runs, yet a stock Linux kernel spends minutes in its decompressor and then hangs
 //! (measured on the project's machines; `reference/qemu-lab.md` §3). Everything else gets TCG,
 //! with the reason.
@@ -56,12 +57,14 @@ pub struct Choice {
 /// Resolves `setting` on this host.
 #[must_use]
 pub fn resolve(setting: Accel) -> Choice {
-    resolve_with(setting, Path::new("/dev/kvm"), &std::fs::read_to_string("/proc/modules").unwrap_or_default())
+    let pvm = Path::new("/sys/module/kvm_pvm").exists()
+        || std::fs::read_to_string("/proc/modules").unwrap_or_default().lines().any(|l| l.split_whitespace().next() == Some("kvm_pvm"));
+    resolve_with(setting, Path::new("/dev/kvm"), pvm)
 }
 
 /// [`resolve`] with the probed inputs given (for tests).
 #[must_use]
-pub fn resolve_with(setting: Accel, dev_kvm: &Path, proc_modules: &str) -> Choice {
+pub fn resolve_with(setting: Accel, dev_kvm: &Path, kvm_pvm: bool) -> Choice {
     match setting {
         Accel::Tcg => Choice { accel: Resolved::Tcg, reason: "TCG requested".into() },
         Accel::Kvm => Choice { accel: Resolved::Kvm, reason: "KVM requested".into() },
@@ -72,7 +75,7 @@ pub fn resolve_with(setting: Accel, dev_kvm: &Path, proc_modules: &str) -> Choic
                     reason: format!("{} cannot be opened ({e}); using TCG (software emulation)", dev_kvm.display()),
                 };
             }
-            if proc_modules.lines().any(|l| l.split_whitespace().next() == Some("kvm_pvm")) {
+            if kvm_pvm {
                 return Choice {
                     accel: Resolved::Tcg,
                     reason: "/dev/kvm is kvm_pvm, a paravirtualised nested KVM that hangs Linux guests in early boot; using TCG (software emulation)"
@@ -93,11 +96,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let kvm = dir.path().join("kvm");
         std::fs::write(&kvm, "").unwrap();
-        let pvm = "kvm_pvm 1200000 0 - Live 0x0\nkvm 1 1 kvm_pvm, Live 0x0\n";
-        assert_eq!(resolve_with(Accel::Auto, &kvm, pvm).accel, Resolved::Tcg);
-        assert!(resolve_with(Accel::Auto, &kvm, pvm).reason.contains("kvm_pvm"));
-        assert_eq!(resolve_with(Accel::Auto, &kvm, "kvm_intel 1 0 - Live 0x0\n").accel, Resolved::Kvm);
-        assert_eq!(resolve_with(Accel::Auto, &dir.path().join("missing"), "").accel, Resolved::Tcg);
-        assert_eq!(resolve_with(Accel::Tcg, &kvm, "").accel, Resolved::Tcg);
+        assert_eq!(resolve_with(Accel::Auto, &kvm, true).accel, Resolved::Tcg);
+        assert!(resolve_with(Accel::Auto, &kvm, true).reason.contains("kvm_pvm"));
+        assert_eq!(resolve_with(Accel::Auto, &kvm, false).accel, Resolved::Kvm);
+        assert_eq!(resolve_with(Accel::Auto, &dir.path().join("missing"), false).accel, Resolved::Tcg);
+        assert_eq!(resolve_with(Accel::Tcg, &kvm, false).accel, Resolved::Tcg);
     }
 }

@@ -125,3 +125,32 @@ async fn acknowledged_writes_survive_kill_9() {
     let rv_after: u64 = after.metadata.resource_version.unwrap().parse().unwrap();
     assert!(rv_after > max_acked, "a write after the restart ({rv_after}) comes after every acknowledged one ({max_acked})");
 }
+
+/// SIGTERM (and SIGINT) stop the server cleanly: exit 0, and everything is there on restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_and_sigint_shut_down_cleanly() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    for (signal, name) in [(rustix::process::Signal::TERM, "after-term"), (rustix::process::Signal::INT, "after-int")] {
+        let mut server = ServerProcess::start(dir.path());
+        let client = client::connect(Some(&server.kubeconfig)).await.unwrap();
+        let api: Api<VirtualMachine> = Api::namespaced(client, "default");
+        api.create(&PostParams::default(), &serde_json::from_value(common::vm(name)).unwrap()).await.unwrap();
+        let pid = rustix::process::Pid::from_raw(i32::try_from(server.child.id()).unwrap()).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+        let status = tokio::task::spawn_blocking(move || {
+            let s = server.child.wait().unwrap();
+            (s, server)
+        })
+        .await
+        .unwrap()
+        .0;
+        assert!(status.success(), "{signal:?}: exit {status:?}");
+    }
+    let _server = ServerProcess::start(dir.path());
+    let client = client::connect(Some(&dir.path().join("kubeconfig"))).await.unwrap();
+    let api: Api<VirtualMachine> = Api::namespaced(client, "default");
+    for name in ["after-term", "after-int"] {
+        assert!(api.get_opt(name).await.unwrap().is_some(), "{name} kept");
+    }
+}
