@@ -2,4 +2,5 @@
 //! volumes into VM specs before declarative hot-plug is turned on. VM lifecycle, declarative
 //! hot-plug, the legacy volume requests and local storage come with the controller issue.
 
+pub mod hotplug;
 pub mod migrate;
