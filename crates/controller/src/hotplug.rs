@@ -374,15 +374,8 @@ pub async fn reconcile(
     before_patch: Option<&BeforePatch>,
 ) -> Result<bool, ReconcileError> {
     use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
-    let r = |kind: &str, plural: &str| ApiResource {
-        group: "kubevirt.io".into(),
-        version: "v1".into(),
-        api_version: "kubevirt.io/v1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    };
-    let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &r("VirtualMachine", "virtualmachines"));
-    let vmis: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &r("VirtualMachineInstance", "virtualmachineinstances"));
+    let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<api::VirtualMachine>(&()));
+    let vmis: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<api::VirtualMachineInstance>(&()));
     let object = format!("{ns}/{name}");
     let attempts = attempts.max(1);
     for attempt in 1..=attempts {

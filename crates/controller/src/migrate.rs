@@ -250,23 +250,13 @@ pub fn plan(vmi: &Value, vm: &Value, dry_run: bool) -> Plan {
     Plan { findings, patch: Some(Value::Array(ops)) }
 }
 
-fn resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: "kubevirt.io".into(),
-        version: "v1".into(),
-        api_version: "kubevirt.io/v1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
 /// Runs the migration. Errors only when the VMIs cannot be listed; every per-VM problem is in the
 /// report (check [`Report::failed`]).
 ///
 /// # Errors
 /// `List` when VMIs cannot be listed.
 pub async fn run(client: &kube::Client, opts: &Options) -> Result<Report, MigrateError> {
-    let (vmi_res, vm_res) = (resource("VirtualMachineInstance", "virtualmachineinstances"), resource("VirtualMachine", "virtualmachines"));
+    let (vmi_res, vm_res) = (ApiResource::erase::<api::VirtualMachineInstance>(&()), ApiResource::erase::<api::VirtualMachine>(&()));
     let vmis: Api<DynamicObject> = match &opts.namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &vmi_res),
         None => Api::all_with(client.clone(), &vmi_res),

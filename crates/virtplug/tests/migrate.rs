@@ -14,13 +14,12 @@ use controller::migrate::{self, Action, Options};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
-fn res(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: "kubevirt.io".into(),
-        version: "v1".into(),
-        api_version: "kubevirt.io/v1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
+/// The kubevirt.io resource of `kind`, for dynamic (verbatim JSON) access.
+fn res(kind: &str, _plural: &str) -> ApiResource {
+    if kind == "VirtualMachine" {
+        ApiResource::erase::<api::VirtualMachine>(&())
+    } else {
+        ApiResource::erase::<api::VirtualMachineInstance>(&())
     }
 }
 
