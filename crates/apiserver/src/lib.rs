@@ -21,6 +21,7 @@ pub mod selectors;
 pub mod status;
 pub mod store;
 pub mod table;
+pub mod volumes;
 pub mod watch;
 
 use std::net::SocketAddr;

@@ -309,6 +309,23 @@ impl Objects {
         .await
     }
 
+    /// Read-modify-write on the server: `compute` gets the current object and returns the new
+    /// one; a write that lost a race is re-computed on a fresh read. For subresources that edit
+    /// an object (addvolume, removevolume).
+    ///
+    /// # Errors
+    /// What `compute` returns, 404, 422 when the result is invalid.
+    pub async fn update_with(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        name: &str,
+        dry_run: bool,
+        compute: impl Fn(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        self.guaranteed_update(def, ns, name, false, dry_run, |cur| compute(&cur.object), Part::Main).await
+    }
+
     /// Read, compute the new object with `compute`, write with a compare-and-swap on the read
     /// revision. When the client gave no precondition a lost race is retried on a fresh read.
     #[allow(clippy::too_many_arguments)]

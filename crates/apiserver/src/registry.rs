@@ -184,14 +184,17 @@ fn group_doc(group: &str, version: &str) -> Value {
 /// `/apis`
 #[must_use]
 pub fn api_group_list() -> Value {
-    let groups: Vec<Value> = groups().into_iter().map(|(g, v)| group_doc(g, v)).collect();
+    let mut groups: Vec<Value> = groups().into_iter().map(|(g, v)| group_doc(g, v)).collect();
+    groups.push(group_doc("subresources.kubevirt.io", "v1"));
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `/apis/<group>`
 #[must_use]
 pub fn api_group(group: &str) -> Option<Value> {
-    groups().into_iter().find(|(g, _)| *g == group).map(|(g, v)| {
+    let mut all = groups();
+    all.push(("subresources.kubevirt.io", "v1"));
+    all.into_iter().find(|(g, _)| *g == group).map(|(g, v)| {
         let mut doc = group_doc(g, v);
         doc["kind"] = json!("APIGroup");
         doc["apiVersion"] = json!("v1");

@@ -74,6 +74,16 @@ async fn handle(st: &ApiState, req: Request) -> Result<Response, ApiError> {
         (Method::GET, ["api", "v1"]) => {
             return registry::resource_list("", "v1").map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource);
         }
+        (Method::GET, ["apis", "subresources.kubevirt.io", "v1"]) => {
+            return Ok(json_response(StatusCode::OK, &crate::volumes::resource_list()))
+        }
+        (
+            Method::PUT,
+            ["apis", "subresources.kubevirt.io", "v1", "namespaces", ns, plural @ ("virtualmachines" | "virtualmachineinstances"), name, sub @ ("addvolume" | "removevolume")],
+        ) => {
+            let dry = query.get("dryRun").is_some_and(|v| v == "All");
+            return crate::volumes::handle(&st.objects, plural, ns, name, sub, &body, dry).await;
+        }
         (Method::GET, ["apis", g]) => {
             return registry::api_group(g).map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource)
         }
