@@ -9,24 +9,14 @@ mod common;
 use std::sync::Arc;
 
 use common::TestServer;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
-
-/// The kubevirt.io resource of `kind`, for dynamic (verbatim JSON) access.
-fn res(kind: &str, _plural: &str) -> ApiResource {
-    if kind == "VirtualMachine" {
-        ApiResource::erase::<api::VirtualMachine>(&())
-    } else {
-        ApiResource::erase::<api::VirtualMachineInstance>(&())
-    }
-}
 
 #[tokio::test]
 async fn vm_template_changes_reach_the_vmi_and_a_conflict_is_retried() {
     let s = TestServer::start().await;
-    let vms: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "default", &res("VirtualMachine", "virtualmachines"));
-    let vmis: Api<DynamicObject> =
-        Api::namespaced_with(s.client.clone(), "default", &res("VirtualMachineInstance", "virtualmachineinstances"));
+    let vms: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "default", &common::kubevirt_resource("VirtualMachine"));
+    let vmis: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "default", &common::kubevirt_resource("VirtualMachineInstance"));
     let base = json!({"domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}, {"name": "cd", "cdrom": {"bus": "sata"}}]}},
                       "volumes": [{"name": "root", "emptyDisk": {"capacity": "1Gi"}}]});
     let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "d"}, "spec": {"runStrategy": "Always", "template": {"spec": base}}});

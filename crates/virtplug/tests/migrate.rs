@@ -11,17 +11,8 @@ use std::sync::Arc;
 
 use common::TestServer;
 use controller::migrate::{self, Action, Options};
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
-
-/// The kubevirt.io resource of `kind`, for dynamic (verbatim JSON) access.
-fn res(kind: &str, _plural: &str) -> ApiResource {
-    if kind == "VirtualMachine" {
-        ApiResource::erase::<api::VirtualMachine>(&())
-    } else {
-        ApiResource::erase::<api::VirtualMachineInstance>(&())
-    }
-}
 
 async fn ns(s: &TestServer, name: &str) {
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(s.client.clone());
@@ -29,7 +20,7 @@ async fn ns(s: &TestServer, name: &str) {
 }
 
 async fn vm(s: &TestServer, ns_: &str, name: &str, disks: Value, volumes: Value) -> Value {
-    let api: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), ns_, &res("VirtualMachine", "virtualmachines"));
+    let api: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), ns_, &common::kubevirt_resource("VirtualMachine"));
     let mut spec = json!({"domain": {"devices": {}}});
     if !disks.is_null() {
         spec["domain"]["devices"]["disks"] = disks;
@@ -42,7 +33,7 @@ async fn vm(s: &TestServer, ns_: &str, name: &str, disks: Value, volumes: Value)
 }
 
 async fn vmi(s: &TestServer, ns_: &str, name: &str, owner: Option<Value>, phase: Option<&str>, disks: Value, volumes: Value) {
-    let api: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), ns_, &res("VirtualMachineInstance", "virtualmachineinstances"));
+    let api: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), ns_, &common::kubevirt_resource("VirtualMachineInstance"));
     let mut meta = json!({"name": name});
     if let Some(o) = owner {
         meta["ownerReferences"] = json!([o]);
@@ -60,7 +51,7 @@ fn owner(vm: &Value, controller: bool) -> Value {
 }
 
 async fn get_vm(s: &TestServer, ns_: &str, name: &str) -> Value {
-    let api: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), ns_, &res("VirtualMachine", "virtualmachines"));
+    let api: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), ns_, &common::kubevirt_resource("VirtualMachine"));
     serde_json::to_value(api.get(name).await.unwrap()).unwrap()
 }
 
@@ -241,7 +232,7 @@ async fn uid_mismatch_differing_source_and_pending_requests_are_refused() {
     .await;
     // Pending legacy volume requests.
     let pending = vm(&s, "t", "pending", Value::Null, Value::Null).await;
-    let vms: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "t", &res("VirtualMachine", "virtualmachines"));
+    let vms: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "t", &common::kubevirt_resource("VirtualMachine"));
     vms.patch_status(
         "pending",
         &PatchParams::default(),
@@ -282,7 +273,7 @@ async fn a_conflict_is_retried_on_a_fresh_read_and_a_failed_vm_is_completed_by_a
         )
         .await;
     }
-    let vms: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "t", &res("VirtualMachine", "virtualmachines"));
+    let vms: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "t", &common::kubevirt_resource("VirtualMachine"));
     // first: one concurrent write between read and patch; second: a writer that always wins.
     let racer = vms.clone();
     let opts = Options {

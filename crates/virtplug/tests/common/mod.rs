@@ -102,3 +102,13 @@ pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
 }
 pub mod vmops;
+
+/// The kubevirt.io resource of `kind` (`VirtualMachine` or `VirtualMachineInstance`), for
+/// dynamic access that keeps every field verbatim.
+pub fn kubevirt_resource(kind: &str) -> kube::api::ApiResource {
+    if kind == "VirtualMachine" {
+        kube::api::ApiResource::erase::<api::VirtualMachine>(&())
+    } else {
+        kube::api::ApiResource::erase::<api::VirtualMachineInstance>(&())
+    }
+}
