@@ -253,10 +253,12 @@ impl Machine {
             DeviceKind::Disk => "scsi-hd",
             DeviceKind::Lun => "scsi-block",
         };
-        let r = self
-            .qmp
-            .execute("device_add", json!({"driver": driver, "id": id, "bus": HOTPLUG_BUS, "drive": node, "serial": a.serial}))
-            .await;
+        let mut dev = json!({"driver": driver, "id": id, "bus": HOTPLUG_BUS, "drive": node});
+        // scsi-block passes the device's own identity through: it has no `serial` property.
+        if a.kind == DeviceKind::Disk {
+            dev["serial"] = json!(a.serial);
+        }
+        let r = self.qmp.execute("device_add", dev).await;
         if let Err(e) = r {
             if added {
                 let _ = self.qmp.execute("blockdev-del", json!({"node-name": node})).await;

@@ -333,6 +333,14 @@ async fn errors_are_typed_and_qemu_keeps_running() {
     let e = vm.machine.attach(Attach { kind: DeviceKind::Lun, ..disk("lun", open(&img, true)) }).await.unwrap_err();
     assert!(matches!(e, OpError::LunNeedsBlock { .. }), "{e}");
 
+    // A LUN on a block device that does not speak SCSI (a loop device): QEMU's scsi-block
+    // refuses it; the error names the step and carries QEMU's reason.
+    let lo = Loop::new(&img);
+    let e = vm.machine.attach(Attach { kind: DeviceKind::Lun, ..disk("lun-loop", open(&lo.0, true)) }).await.unwrap_err();
+    assert!(e.to_string().contains("failed at device_add"), "{e}");
+    assert!(e.qmp().and_then(QmpError::desc).is_some_and(|d| d.contains("SG_IO")), "QEMU's reason is kept: {e:?}");
+    assert!(vm.machine.attached().await.unwrap().iter().all(|a| a.volume != "lun-loop"), "the failed attach left nothing behind");
+
     let status = q.execute("query-status", json!({})).await.unwrap();
     assert_eq!(status["status"], "running", "QEMU keeps running after every error");
     assert!(vm.process.alive());
