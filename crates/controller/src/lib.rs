@@ -4,3 +4,4 @@
 
 pub mod hotplug;
 pub mod migrate;
+pub mod run;

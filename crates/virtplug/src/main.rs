@@ -20,10 +20,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the whole embedded stack: API server (HTTPS) and the components that are built so far.
+    /// Run the embedded stack: API server (HTTPS) and the controller (declarative hot-plug so far).
     Up(serve::UpArgs),
     /// Run only the embedded API server.
     Apiserver(serve::ApiserverArgs),
+    /// Run the controller against an API server (declarative hot-plug so far).
+    Controller(serve::ControllerArgs),
     /// Print the CRD manifests for cluster mode (deploy/crds.yaml).
     Crds,
     /// One-off migrations of a cluster's objects.
@@ -56,6 +58,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Up(args) => serve::up(args).await,
             Command::Apiserver(args) => serve::apiserver(args).await,
+            Command::Controller(args) => serve::controller(args).await,
             Command::Migrate(m) => match migrate::run(m).await {
                 // Fail closed: anything refused or failed is a non-zero exit.
                 Ok(true) => Ok(()),

@@ -33,6 +33,14 @@ pub struct UpArgs {
     listen: SocketAddr,
 }
 
+/// Arguments of `virtplug controller`.
+#[derive(Args)]
+pub struct ControllerArgs {
+    /// Kubeconfig [default: $KUBECONFIG, ~/.kube/config, in-cluster, then the `up` data dir's].
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
 pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
     let mut config = apiserver::Config::new(&args.data_dir);
     config.store.watch_window = args.watch_window;
@@ -44,10 +52,24 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     run(apiserver::Config::new(&data_dir), args.listen, "up").await
 }
 
+pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
+    let client = crate::migrate::connect(args.kubeconfig).await?;
+    eprintln!("virtplug controller: running declarative hot-plug (Ctrl-C to stop)");
+    tokio::select! {
+        () = controller::run::run(client) => {}
+        r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
+    }
+    Ok(())
+}
+
 async fn run(config: apiserver::Config, listen: SocketAddr, what: &str) -> anyhow::Result<()> {
     let server = apiserver::Server::open(&config, Some(listen))
         .await
         .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
+    if what == "up" {
+        // In-process client: the controller reaches the API without a socket.
+        tokio::spawn(controller::run::run(client::in_process(server.local_router())));
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}: is another virtplug running? choose another address with --listen"))?;

@@ -61,3 +61,44 @@ async fn vm_template_changes_reach_the_vmi_and_a_conflict_is_retried() {
     assert!(!controller::hotplug::reconcile(&s.client, "default", "d", 5, None).await.unwrap());
     assert_eq!(s.revision(), rev);
 }
+
+/// The controller loop (as `virtplug up` runs it, in-process) carries a VM spec edit to the
+/// running VMI without being asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_loop_plugs_and_unplugs_from_vm_spec_edits() {
+    let s = TestServer::start().await;
+    let ctl = tokio::spawn(controller::run::run(client::in_process(s.server.local_router())));
+    let vms: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "default", &common::kubevirt_resource("VirtualMachine"));
+    let vmis: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "default", &common::kubevirt_resource("VirtualMachineInstance"));
+    let base = json!({"domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]}}, "volumes": [{"name": "root", "emptyDisk": {"capacity": "1Gi"}}]});
+    let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "live"}, "spec": {"runStrategy": "Always", "template": {"spec": base}}});
+    vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+    let vmi = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "live"}, "spec": base});
+    vmis.create(&PostParams::default(), &serde_json::from_value(vmi).unwrap()).await.unwrap();
+    vmis.patch_status("live", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Running"}}))).await.unwrap();
+
+    let volumes = |v: Value| {
+        v.pointer("/spec/volumes")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(|x| x["name"].as_str().unwrap_or("").to_owned()).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let add = json!([
+        {"op": "add", "path": "/spec/template/spec/domain/devices/disks/-", "value": {"name": "data", "disk": {"bus": "scsi"}}},
+        {"op": "add", "path": "/spec/template/spec/volumes/-", "value": {"name": "data", "dataVolume": {"name": "data", "hotpluggable": true}}}
+    ]);
+    vms.patch("live", &PatchParams::default(), &Patch::Json::<()>(serde_json::from_value(add).unwrap())).await.unwrap();
+    common::wait_until(std::time::Duration::from_secs(20), "the VMI to gain the volume", || {
+        let vmis = vmis.clone();
+        async move { (volumes(serde_json::to_value(vmis.get("live").await.ok()?).ok()?) == ["root", "data"]).then_some(()) }
+    })
+    .await;
+    let remove = json!([{"op": "remove", "path": "/spec/template/spec/volumes/1"}, {"op": "remove", "path": "/spec/template/spec/domain/devices/disks/1"}]);
+    vms.patch("live", &PatchParams::default(), &Patch::Json::<()>(serde_json::from_value(remove).unwrap())).await.unwrap();
+    common::wait_until(std::time::Duration::from_secs(20), "the VMI to lose the volume", || {
+        let vmis = vmis.clone();
+        async move { (volumes(serde_json::to_value(vmis.get("live").await.ok()?).ok()?) == ["root"]).then_some(()) }
+    })
+    .await;
+    ctl.abort();
+}
