@@ -29,6 +29,8 @@ async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Ctx>) -> Result<Action, cra
     Ok(Action::await_change())
 }
 
+// kube-runtime's error policy signature takes the object by value.
+#[allow(clippy::needless_pass_by_value)]
 fn error_policy(vm: Arc<VirtualMachine>, err: &crate::hotplug::ReconcileError, _: Arc<Ctx>) -> Action {
     tracing::warn!("declarative hot-plug of VM {}/{} failed: {err}", vm.namespace().unwrap_or_default(), vm.name_any());
     Action::requeue(Duration::from_secs(5))
