@@ -102,8 +102,8 @@ impl Server {
         let store = Store::open(&config.data_dir.join("store.db"), &config.store)?;
         let credentials = pki::ensure(&config.data_dir.join("pki"), listen.map(|a| a.ip()))?;
         let objects = Objects { store };
-        for ns in ["default", "kube-system"] {
-            let nsdef = registry::find("", "v1", "namespaces").ok_or(store::StoreError::WriterGone)?;
+        let nsdef = registry::find("", "v1", "namespaces");
+        for (ns, nsdef) in ["default", "kube-system"].into_iter().filter_map(|ns| nsdef.map(|d| (ns, d))) {
             if objects.store.get(&nsdef.key(None, ns)).is_none() {
                 let _ = objects.create(nsdef, None, json!({"metadata": {"name": ns}}), false).await;
             }

@@ -81,7 +81,7 @@ fn store_err(def: &ResourceDef, name: &str, e: StoreError) -> ApiError {
         StoreError::NotFound { .. } => ApiError::not_found(def.group, def.plural, name),
         StoreError::Conflict { .. } => ApiError::conflict(def.group, def.plural, name),
         StoreError::Compacted { requested, oldest } => ApiError::expired(requested, oldest),
-        e @ (StoreError::Sqlite { .. } | StoreError::WriterGone) => {
+        e @ (StoreError::Sqlite { .. } | StoreError::Commit { .. } | StoreError::Thread(_) | StoreError::WriterGone) => {
             ApiError::internal(format!("storing {} {name:?} failed: {e}; nothing was stored", def.kind))
         }
     }

@@ -69,6 +69,11 @@ impl ApiError {
         .with_details(name, group, plural)
     }
 
+    /// 409 Conflict with its own message (a subresource refusing a request, as KubeVirt does).
+    pub fn conflict_message(message: impl Into<String>) -> Self {
+        Self::new(409, "Conflict", message)
+    }
+
     /// 409 Conflict for a failed delete precondition.
     #[must_use]
     pub fn precondition(group: &str, plural: &str, name: &str, what: &str) -> Self {

@@ -97,6 +97,10 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("the commit to {path} failed, nothing of it was stored: {message}")]
+    Commit { path: PathBuf, message: String },
+    #[error("cannot start the store's writer thread")]
+    Thread(#[source] std::io::Error),
     #[error("the store's writer thread has stopped")]
     WriterGone,
 }
@@ -205,10 +209,7 @@ impl Store {
         let (events, _) = broadcast::channel(config.broadcast_capacity);
         let (tx, rx) = mpsc::channel::<Write>();
         let writer = Writer { conn, path: path.to_owned(), state: Arc::clone(&state), events: events.clone(), window: config.watch_window };
-        thread::Builder::new()
-            .name("store-writer".into())
-            .spawn(move || writer.run(&rx))
-            .map_err(|e| StoreError::Sqlite { path: path.to_owned(), source: rusqlite::Error::ToSqlConversionFailure(Box::new(e)) })?;
+        thread::Builder::new().name("store-writer".into()).spawn(move || writer.run(&rx)).map_err(StoreError::Thread)?;
         Ok(Store { state, writer: tx, events })
     }
 
@@ -359,8 +360,7 @@ impl Writer {
         if let Err(source) = self.persist(&accepted, revision) {
             let msg = source.to_string();
             for (_, reply) in accepted {
-                let _ = reply
-                    .send(Err(StoreError::Sqlite { path: self.path.clone(), source: rusqlite::Error::InvalidParameterName(msg.clone()) }));
+                let _ = reply.send(Err(StoreError::Commit { path: self.path.clone(), message: msg.clone() }));
             }
             return;
         }

@@ -43,10 +43,7 @@ fn bad(causes: &[Cause]) -> ApiError {
 }
 
 fn conflict(message: String) -> ApiError {
-    let mut e = ApiError::conflict("", "", "");
-    e.message = message;
-    e.details = None;
-    e
+    ApiError::conflict_message(message)
 }
 
 fn source_name(volume: &Value) -> Option<&str> {

@@ -150,7 +150,8 @@ pub fn controlling_vm(vmi: &Value) -> Option<(String, String)> {
     })
 }
 
-/// Plans one VMI against its VM (`None`: the VMI is not selected, or its VM is gone).
+/// Plans one selected VMI (`Running`, controlled by a `kubevirt.io` VM) against that VM: what
+/// to copy, what to report, and the patch (`None` when there is nothing to copy).
 /// Pure: no I/O, so every rule is unit-tested.
 #[must_use]
 pub fn plan(vmi: &Value, vm: &Value, dry_run: bool) -> Plan {
