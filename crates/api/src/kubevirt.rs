@@ -47,6 +47,82 @@ pub struct VirtualMachineSpec {
     pub extra: Extra,
 }
 
+/// How a VM's VMI is kept running (`spec.runStrategy`, or the legacy `spec.running`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunStrategy {
+    /// A VMI always exists; a finished one is replaced.
+    Always,
+    /// No VMI.
+    Halted,
+    /// Only the start, stop and restart subresources create or delete the VMI.
+    Manual,
+    /// Like `Always`, but a VMI that succeeded (the guest shut down) is left stopped.
+    RerunOnFailure,
+    /// Run once; when the VMI finishes the VM becomes `Halted`.
+    Once,
+    /// The target of a migration between clusters (not supported here; treated as `Halted`).
+    WaitAsReceiver,
+}
+
+impl RunStrategy {
+    /// The strategies, as written in `spec.runStrategy`.
+    pub const ALL: [RunStrategy; 6] = [
+        RunStrategy::Always,
+        RunStrategy::Halted,
+        RunStrategy::Manual,
+        RunStrategy::RerunOnFailure,
+        RunStrategy::Once,
+        RunStrategy::WaitAsReceiver,
+    ];
+
+    /// The value in `spec.runStrategy`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStrategy::Always => "Always",
+            RunStrategy::Halted => "Halted",
+            RunStrategy::Manual => "Manual",
+            RunStrategy::RerunOnFailure => "RerunOnFailure",
+            RunStrategy::Once => "Once",
+            RunStrategy::WaitAsReceiver => "WaitAsReceiver",
+        }
+    }
+
+    /// Parses a `spec.runStrategy` value.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<RunStrategy> {
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl VirtualMachineSpec {
+    /// The effective strategy: `runStrategy`, else `running` (`true` = `Always`, `false` =
+    /// `Halted`), else `Halted` (KubeVirt's default). An unknown value counts as `Halted`
+    /// (admission refuses it).
+    #[must_use]
+    pub fn effective_run_strategy(&self) -> RunStrategy {
+        match (&self.run_strategy, self.running) {
+            (Some(s), _) => RunStrategy::parse(s).unwrap_or(RunStrategy::Halted),
+            (None, Some(true)) => RunStrategy::Always,
+            _ => RunStrategy::Halted,
+        }
+    }
+}
+
+/// `VirtualMachine.status.stateChangeRequests[]`: a start or stop asked through the
+/// subresources, carried out by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StateChangeRequest {
+    /// `Start` or `Stop`.
+    pub action: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub data: BTreeMap<String, String>,
+    /// For `Stop`: the VMI to stop (a newer VMI is left alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
 /// `VirtualMachine.spec.template`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -72,6 +148,9 @@ pub struct VirtualMachineStatus {
     /// Legacy imperative hot-plug requests (KubeVirt's `HotplugVolumes` gate).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_requests: Vec<VirtualMachineVolumeRequest>,
+    /// Pending start/stop requests from the subresources, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_change_requests: Vec<StateChangeRequest>,
     #[serde(flatten)]
     #[schemars(skip)]
     pub extra: Extra,
@@ -275,6 +354,9 @@ pub struct Devices {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Disk {
+    /// Required in a spec (admission checks it); may be left out of `AddVolumeOptions.disk`,
+    /// where the volume's name is used.
+    #[serde(default)]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskTarget>,

@@ -4,9 +4,10 @@
 //! - [`cdi`]: cdi.kubevirt.io/v1beta1 `DataVolume`.
 //! - [`validation`]: admission checks with field paths.
 //! - [`invariants`]: the disk/volume rules every VM spec must hold.
+//! - [`volume_edit`]: the addvolume/removevolume edits of a spec.
 //! - [`crd`]: CRD manifests generated from the types (cluster mode).
 //!
-//! core/v1 `PersistentVolumeClaim`, `Event` and `Namespace` come from k8s-openapi, re-exported
+//! core/v1 `PersistentVolumeClaim`, `Event`, `Namespace` and `Node` come from k8s-openapi, re-exported
 //! under [`core`].
 
 pub mod cdi;
@@ -14,10 +15,11 @@ pub mod crd;
 pub mod invariants;
 pub mod kubevirt;
 pub mod validation;
+pub mod volume_edit;
 
 /// core/v1 types used by virtplug.
 pub mod core {
-    pub use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim};
+    pub use k8s_openapi::api::core::v1::{Event, Namespace, Node, PersistentVolumeClaim};
 }
 
 pub use cdi::DataVolume;

@@ -153,6 +153,16 @@ pub fn validate_vm(obj: &Value) -> Vec<Cause> {
     causes
 }
 
+/// The [`invariants`] violations among [`validate_vm`]'s causes (for an API server that, like a
+/// cluster without virtplug's admission, accepts specs that break them).
+#[must_use]
+pub fn invariant_causes_of_vm(obj: &Value) -> Vec<Cause> {
+    match parse::<VirtualMachine>(obj) {
+        Ok(vm) => vm.spec.template.spec.map(|s| invariants::check(&s, "spec.template.spec")).unwrap_or_default(),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// Validates a `VirtualMachineInstance` given as JSON.
 #[must_use]
 pub fn validate_vmi(obj: &Value) -> Vec<Cause> {

@@ -1,7 +1,7 @@
 //! An embedded Kubernetes-compatible API server on SQLite.
 //!
 //! It serves virtplug's resources (kubevirt.io/v1 `VirtualMachine` and `VirtualMachineInstance`,
-//! cdi.kubevirt.io/v1beta1 `DataVolume`, core/v1 `PersistentVolumeClaim`, `Event`, `Namespace`)
+//! cdi.kubevirt.io/v1beta1 `DataVolume`, core/v1 `PersistentVolumeClaim`, `Event`, `Namespace`, `Node`)
 //! with Kubernetes semantics, so `kubectl`, kube-rs and the Python client work unchanged.
 //!
 //! - [`store`]: SQLite store, global revision, changelog, broadcast.
@@ -11,6 +11,7 @@
 //! - [`pki`]: CA, serving certificate and token, created on first start.
 
 pub mod gc;
+pub mod lifecycle;
 pub mod objects;
 pub mod openapi;
 pub mod patch;
@@ -71,13 +72,16 @@ pub struct Config {
     pub store: StoreConfig,
     /// Largest request body (Kubernetes' default is 3 MiB).
     pub body_limit: usize,
+    /// VM admission enforces [`api::invariants`] (default). Turned off only to model a cluster
+    /// without virtplug's admission, where broken specs exist and self-heal must find them.
+    pub enforce_invariants: bool,
 }
 
 impl Config {
     /// Defaults for `data_dir`.
     #[must_use]
     pub fn new(data_dir: &Path) -> Self {
-        Config { data_dir: data_dir.to_owned(), store: StoreConfig::default(), body_limit: 3 * 1024 * 1024 }
+        Config { data_dir: data_dir.to_owned(), store: StoreConfig::default(), body_limit: 3 * 1024 * 1024, enforce_invariants: true }
     }
 }
 
@@ -101,7 +105,7 @@ impl Server {
         std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::DataDir { path: config.data_dir.clone(), source })?;
         let store = Store::open(&config.data_dir.join("store.db"), &config.store)?;
         let credentials = pki::ensure(&config.data_dir.join("pki"), listen.map(|a| a.ip()))?;
-        let objects = Objects { store };
+        let objects = Objects { store, enforce_invariants: config.enforce_invariants };
         let nsdef = registry::find("", "v1", "namespaces");
         for (ns, nsdef) in ["default", "kube-system"].into_iter().filter_map(|ns| nsdef.map(|d| (ns, d))) {
             if objects.store.get(&nsdef.key(None, ns)).is_none() {

@@ -123,6 +123,18 @@ fn columns(kind: &str) -> Vec<Column> {
             cols.push(c("VolumeMode", "string", |v, _| s(v, "/spec/volumeMode")));
             cols.push(c("Age", "date", age));
         }
+        "Node" => {
+            cols.push(c("Status", "string", |v, _| {
+                let ready = v
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+                    .and_then(|c| c["status"].as_str());
+                json!(if ready == Some("True") { "Ready" } else { "NotReady" })
+            }));
+            cols.push(c("Age", "date", age));
+            cols.push(c("Version", "string", |v, _| s(v, "/status/nodeInfo/kubeletVersion")));
+        }
         "Namespace" => {
             cols.push(c("Status", "string", |v, _| s(v, "/status/phase")));
             cols.push(c("Age", "date", age));

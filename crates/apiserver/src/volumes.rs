@@ -32,6 +32,9 @@ pub fn resource_list() -> Value {
             );
         }
     }
+    for sub in crate::lifecycle::SUBRESOURCES {
+        resources.push(json!({"name": format!("virtualmachines/{sub}"), "singularName": "", "namespaced": true, "kind": "VirtualMachine", "verbs": ["update"]}));
+    }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "subresources.kubevirt.io/v1", "resources": resources})
 }
 
@@ -44,15 +47,6 @@ fn bad(causes: &[Cause]) -> ApiError {
 
 fn conflict(message: String) -> ApiError {
     ApiError::conflict_message(message)
-}
-
-fn source_name(volume: &Value) -> Option<&str> {
-    volume.pointer("/persistentVolumeClaim/claimName").or_else(|| volume.pointer("/dataVolume/name")).and_then(Value::as_str)
-}
-
-fn is_hotplug(volume: &Value) -> bool {
-    volume.pointer("/persistentVolumeClaim/hotpluggable") == Some(&Value::Bool(true))
-        || volume.pointer("/dataVolume/hotpluggable") == Some(&Value::Bool(true))
 }
 
 /// Parses and checks an `AddVolumeOptions` body: returns (name, disk, volume, dry run).
@@ -117,60 +111,6 @@ fn parse_remove(body: &[u8]) -> Result<(String, bool), ApiError> {
     Ok((name, dry))
 }
 
-/// Applies an add to an instance spec (`spec.template.spec` or a VMI's `spec`).
-fn add_to(spec: &mut Value, name: &str, disk: &Value, volume: &Value) -> Result<(), ApiError> {
-    let volumes = spec.pointer("/volumes").and_then(Value::as_array).cloned().unwrap_or_default();
-    if volumes.iter().any(|v| v.get("name").and_then(Value::as_str) == Some(name)) {
-        return Err(conflict(format!("Unable to add volume [{name}] because volume with that name already exists")));
-    }
-    if let Some(src) = source_name(volume) {
-        if volumes.iter().any(|v| source_name(v) == Some(src)) {
-            return Err(conflict(format!("Unable to add volume source [{src}] because it already exists")));
-        }
-    }
-    let disks = spec.pointer("/domain/devices/disks").and_then(Value::as_array).cloned().unwrap_or_default();
-    let existing = disks.iter().find(|d| d.get("name").and_then(Value::as_str) == Some(name));
-    let mut new_disks = disks.clone();
-    match existing {
-        // An empty CD-ROM drive gets a medium: the drive is already there.
-        Some(d) if d.get("cdrom").is_some() => {}
-        Some(_) => return Err(conflict(format!("Unable to add volume [{name}] because a disk with that name already exists"))),
-        None => new_disks.push(disk.clone()),
-    }
-    let mut new_volumes = volumes;
-    new_volumes.push(volume.clone());
-    spec["volumes"] = Value::Array(new_volumes);
-    if spec.get("domain").is_none() {
-        spec["domain"] = json!({});
-    }
-    if spec["domain"].get("devices").is_none() {
-        spec["domain"]["devices"] = json!({});
-    }
-    spec["domain"]["devices"]["disks"] = Value::Array(new_disks);
-    Ok(())
-}
-
-fn remove_from(spec: &mut Value, name: &str) -> Result<(), ApiError> {
-    let volumes = spec.pointer("/volumes").and_then(Value::as_array).cloned().unwrap_or_default();
-    let Some(v) = volumes.iter().find(|v| v.get("name").and_then(Value::as_str) == Some(name) || source_name(v) == Some(name)) else {
-        return Err(conflict(format!("Unable to remove volume [{name}] because it does not exist")));
-    };
-    if !is_hotplug(v) {
-        return Err(conflict(format!("Unable to remove volume [{name}] because it is not hotpluggable")));
-    }
-    let vname = v.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
-    spec["volumes"] =
-        Value::Array(volumes.iter().filter(|x| x.get("name").and_then(Value::as_str) != Some(vname.as_str())).cloned().collect());
-    if let Some(disks) = spec.pointer("/domain/devices/disks").and_then(Value::as_array).cloned() {
-        let kept: Vec<Value> = disks
-            .into_iter()
-            .filter(|d| d.get("name").and_then(Value::as_str) != Some(vname.as_str()) || d.get("cdrom").is_some())
-            .collect();
-        spec["domain"]["devices"]["disks"] = Value::Array(kept);
-    }
-    Ok(())
-}
-
 fn owned_by_vm(vmi: &Value) -> bool {
     vmi.pointer("/metadata/ownerReferences").and_then(Value::as_array).is_some_and(|refs| {
         refs.iter().any(|r| {
@@ -231,14 +171,14 @@ pub async fn handle(
     }
     let ptr = if is_vm { "/spec/template/spec" } else { "/spec" };
     objects
-        .update_with(def, Some(ns), name, dry || query_dry_run, |cur| {
+        .update_with(def, Some(ns), name, crate::objects::Part::Main, dry || query_dry_run, |cur| {
             let mut obj = cur.clone();
             let Some(spec) = obj.pointer_mut(ptr) else {
                 return Err(ApiError::bad_request(format!("{} {ns}/{name} has no {ptr}", def.kind)));
             };
             match &op {
-                Op::Add(n, d, v) => add_to(spec, n, d, v)?,
-                Op::Remove(n) => remove_from(spec, n)?,
+                Op::Add(n, d, v) => api::volume_edit::add(spec, n, d, v).map_err(|e| conflict(e.0))?,
+                Op::Remove(n) => api::volume_edit::remove(spec, n).map(|_| ()).map_err(|e| conflict(e.0))?,
             }
             Ok(obj)
         })

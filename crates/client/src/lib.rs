@@ -2,6 +2,7 @@
 //! in-cluster config, or in-process over the embedded server's router (no socket); and the one
 //! read-modify-write path, [`update`].
 
+pub mod events;
 pub mod locks;
 pub mod metrics;
 mod update;

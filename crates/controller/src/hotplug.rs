@@ -409,3 +409,112 @@ pub async fn reconcile(
     }
     Err(ReconcileError::Conflict { object, attempts })
 }
+
+/// `volumeStatus[].phaseTransitionTimestamps` entry time: RFC 3339 with milliseconds, so
+/// per-phase latency can be measured.
+#[must_use]
+pub fn timestamp() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+/// Moves a volume status entry to `phase`/`reason`/`message`, appending the transition to
+/// its `phaseTransitionTimestamps` (virtplug's addition; KubeVirt keeps these per VMI only).
+pub fn transition(entry: &mut api::kubevirt::VolumeStatus, phase: &str, reason: &str, message: &str) {
+    if entry.phase.as_deref() == Some(phase) && entry.reason.as_deref() == Some(reason) && entry.message.as_deref() == Some(message) {
+        return;
+    }
+    if entry.phase.as_deref() != Some(phase) {
+        let stamps = entry.extra.entry("phaseTransitionTimestamps".to_owned()).or_insert_with(|| Value::Array(Vec::new()));
+        if let Some(a) = stamps.as_array_mut() {
+            a.push(json!({"phase": phase, "phaseTransitionTimestamp": timestamp()}));
+        }
+    }
+    entry.phase = Some(phase.to_owned());
+    entry.reason = Some(reason.to_owned());
+    entry.message = Some(message.to_owned());
+}
+
+/// The controller's part of a running VMI's `status.volumeStatus` (DESIGN "Hot-plug volume
+/// status"): a hot-plug volume in the VMI spec without an entry gets one, `Pending`
+/// (`PVCNotReady`) until its claim is bound and, for a DataVolume, its import has succeeded,
+/// then `Bound` (`PVCBound`) with the claim's info. Entries the node agent has moved past
+/// `Bound` are left alone.
+///
+/// # Errors
+/// When a read or the status write fails.
+pub async fn report_claims(client: &kube::Client, vmi: &api::VirtualMachineInstance) -> Result<(), client::UpdateError<client::Never>> {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use kube::api::Api;
+    use kube::ResourceExt;
+    if vmi.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running") || vmi.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let ns = vmi.namespace().unwrap_or_default();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let dvs: Api<api::DataVolume> = Api::namespaced(client.clone(), &ns);
+    let api_err = |e: kube::Error| client::UpdateError::Api { kind: "VirtualMachineInstance".into(), object: format!("{ns}/{}", vmi.name_any()), source: e };
+    let mut wanted = Vec::new();
+    for v in vmi.spec.volumes.iter().filter(|v| v.is_hotpluggable()) {
+        let entry = vmi.status.as_ref().and_then(|s| s.volume_status.iter().find(|e| e.name == v.name));
+        if entry.is_some_and(|e| !matches!(e.phase.as_deref(), None | Some("" | "Pending" | "Bound"))) {
+            continue;
+        }
+        let claim = v.persistent_volume_claim.as_ref().map(|p| p.claim_name.clone()).or_else(|| v.data_volume.as_ref().map(|d| d.name.clone())).unwrap_or_default();
+        let pvc = pvcs.get_opt(&claim).await.map_err(api_err)?;
+        let bound = pvc.as_ref().is_some_and(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"));
+        let imported = match &v.data_volume {
+            Some(d) => dvs.get_opt(&d.name).await.map_err(api_err)?.and_then(|dv| dv.status).and_then(|s| s.phase).as_deref() == Some("Succeeded"),
+            None => true,
+        };
+        let info = pvc.as_ref().map(|p| api::kubevirt::PersistentVolumeClaimInfo {
+            claim_name: Some(claim.clone()),
+            access_modes: p.spec.as_ref().and_then(|s| s.access_modes.clone()).unwrap_or_default(),
+            volume_mode: Some(p.spec.as_ref().and_then(|s| s.volume_mode.clone()).unwrap_or_else(|| "Filesystem".into())),
+            capacity: p.status.as_ref().and_then(|s| s.capacity.clone()).unwrap_or_default().into_iter().collect(),
+            requests: p.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.clone()).unwrap_or_default().into_iter().collect(),
+            ..Default::default()
+        });
+        let (phase, reason, message) = if bound && imported {
+            ("Bound", "PVCBound", format!("PVC {claim} is in phase Bound"))
+        } else if pvc.is_none() {
+            ("Pending", "PVCNotReady", format!("PVC {claim} does not exist yet"))
+        } else {
+            ("Pending", "PVCNotReady", format!("PVC {claim} is not ready (not bound or still importing)"))
+        };
+        wanted.push((v.name.clone(), phase, reason, message, info));
+    }
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let vmis: Api<api::VirtualMachineInstance> = Api::namespaced(client.clone(), &ns);
+    client::update_status(&vmis, &vmi.name_any(), |cur: &mut api::VirtualMachineInstance| {
+        let names: Vec<String> = cur.spec.volumes.iter().map(|v| v.name.clone()).collect();
+        let st = cur.status.get_or_insert_with(Default::default);
+        for (name, phase, reason, message, info) in &wanted {
+            if !names.contains(name) {
+                continue; // unplugged meanwhile
+            }
+            let idx = match st.volume_status.iter().position(|e| &e.name == name) {
+                Some(i) => i,
+                None => {
+                    st.volume_status.push(api::kubevirt::VolumeStatus {
+                        name: name.clone(),
+                        hotplug_volume: Some(api::kubevirt::HotplugVolumeStatus::default()),
+                        ..Default::default()
+                    });
+                    st.volume_status.len() - 1
+                }
+            };
+            let e = &mut st.volume_status[idx];
+            if !matches!(e.phase.as_deref(), None | Some("" | "Pending" | "Bound")) {
+                continue; // the node agent moved it on meanwhile
+            }
+            transition(e, phase, reason, message);
+            if info.is_some() {
+                e.persistent_volume_claim_info.clone_from(info);
+            }
+        }
+    })
+    .await
+    .map(|_| ())
+}

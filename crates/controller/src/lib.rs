@@ -1,7 +1,18 @@
-//! virtplug's controller crate. Implemented so far: [`migrate`], the move of VMI-only hot-plugged
-//! volumes into VM specs before declarative hot-plug is turned on. VM lifecycle, declarative
-//! hot-plug, the legacy volume requests and local storage come with the controller issue.
+//! virtplug's controller crate (KubeVirt's virt-controller, plus the parts of CDI and a local
+//! provisioner that the embedded deployment needs):
+//!
+//! - [`lifecycle`]: VM → VMI by `runStrategy` and the start/stop/restart requests, scheduling
+//!   onto a registered node, VM status;
+//! - [`hotplug`]: declarative hot-plug of a running VMI's volumes;
+//! - [`selfheal`], [`volume_requests`]: broken specs and legacy requests, reported or repaired;
+//! - [`storage`]: the local PVC provisioner and DataVolume import;
+//! - [`migrate`]: the move of VMI-only hot-plugged volumes into VM specs;
+//! - [`run`]: the controllers wired together.
 
 pub mod hotplug;
+pub mod lifecycle;
 pub mod migrate;
 pub mod run;
+pub mod selfheal;
+pub mod storage;
+pub mod volume_requests;

@@ -39,6 +39,14 @@ pub struct ControllerArgs {
     /// Kubeconfig [default: $KUBECONFIG, ~/.kube/config, in-cluster, then the `up` data dir's].
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// Provision claims and import DataVolumes into this directory (embedded deployment; leave
+    /// out in a cluster, where a CSI driver and CDI do that).
+    #[arg(long)]
+    storage_root: Option<PathBuf>,
+    /// Process legacy `status.volumeRequests` (KubeVirt's HotplugVolumes gate) instead of only
+    /// reporting them.
+    #[arg(long)]
+    legacy_volume_requests: bool,
 }
 
 pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
@@ -54,9 +62,17 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
 
 pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let client = crate::migrate::connect(args.kubeconfig).await?;
-    eprintln!("virtplug controller: running declarative hot-plug (Ctrl-C to stop)");
+    let config = controller::run::Config {
+        legacy_volume_requests: args.legacy_volume_requests,
+        storage_root: args.storage_root.clone(),
+        ..controller::run::Config::default()
+    };
+    match &args.storage_root {
+        Some(root) => eprintln!("virtplug controller: running (local storage under {}; Ctrl-C to stop)", root.display()),
+        None => eprintln!("virtplug controller: running (no local storage; Ctrl-C to stop)"),
+    }
     tokio::select! {
-        () = controller::run::run(client) => {}
+        () = controller::run::run_with(client, config) => {}
         r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
     }
     Ok(())
@@ -68,7 +84,8 @@ async fn run(config: apiserver::Config, listen: SocketAddr, what: &str) -> anyho
         .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
     if what == "up" {
         // In-process client: the controller reaches the API without a socket.
-        tokio::spawn(controller::run::run(client::in_process(server.local_router())));
+        let config = controller::run::Config { storage_root: Some(config.data_dir.join("storage")), ..controller::run::Config::default() };
+        tokio::spawn(controller::run::run_with(client::in_process(server.local_router()), config));
     }
     let listener = tokio::net::TcpListener::bind(listen)
         .await

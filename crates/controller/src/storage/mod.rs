@@ -1,0 +1,141 @@
+//! Local storage for the embedded deployment: a PVC provisioner ([`provisioner`]) and CDI's
+//! DataVolume import ([`import`]), both over a storage root directory on this machine.
+//!
+//! Layout: one directory per claim, named by the claim's UID (so a name reused after a delete
+//! never meets the old data, and no name from the API ever becomes a path component):
+//! `ROOT/<uid>/disk.img` for `Filesystem` claims, `ROOT/<uid>/block.img` behind a loop device
+//! for `Block` claims. The claim records both in annotations ([`ANN_PATH`], [`ANN_DEVICE`]) for
+//! the node agent and for people; the truth about a loop device is sysfs
+//! ([`loopdev::find`]).
+
+pub mod import;
+pub mod loopdev;
+pub mod provisioner;
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::ResourceExt;
+
+/// The storage class this provisioner serves (claims with no class are served too).
+pub const STORAGE_CLASS: &str = "virtplug-local";
+/// Finalizer that keeps a claim until its backing is released.
+pub const FINALIZER: &str = "virtplug.io/local-storage";
+/// Annotation: the claim's directory.
+pub const ANN_PATH: &str = "virtplug.io/local-path";
+/// Annotation: the loop device of a `Block` claim.
+pub const ANN_DEVICE: &str = "virtplug.io/loop-device";
+
+/// A claim's volume mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeMode {
+    Filesystem,
+    Block,
+}
+
+impl VolumeMode {
+    /// The claim's `spec.volumeMode` (`Filesystem` when unset, as Kubernetes defaults it).
+    #[must_use]
+    pub fn of(pvc: &PersistentVolumeClaim) -> VolumeMode {
+        match pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) {
+            Some("Block") => VolumeMode::Block,
+            _ => VolumeMode::Filesystem,
+        }
+    }
+
+    /// The image file's name in the claim's directory.
+    #[must_use]
+    pub fn image_name(self) -> &'static str {
+        match self {
+            VolumeMode::Filesystem => "disk.img",
+            VolumeMode::Block => "block.img",
+        }
+    }
+}
+
+/// The directory of the claim with `uid` under `root`.
+#[must_use]
+pub fn claim_dir(root: &Path, uid: &str) -> PathBuf {
+    root.join(uid)
+}
+
+/// Where the bytes of `pvc` live: the `disk.img` of a Filesystem claim, the loop device of a
+/// Block claim (`None` while it is not attached or the claim has no UID).
+#[must_use]
+pub fn data_path(root: &Path, pvc: &PersistentVolumeClaim) -> Option<PathBuf> {
+    let uid = pvc.uid()?;
+    let image = claim_dir(root, &uid).join(VolumeMode::of(pvc).image_name());
+    match VolumeMode::of(pvc) {
+        VolumeMode::Filesystem => Some(image),
+        VolumeMode::Block => loopdev::find(&image),
+    }
+}
+
+/// Whether this provisioner serves `pvc` (no storage class, or [`STORAGE_CLASS`]).
+#[must_use]
+pub fn serves(pvc: &PersistentVolumeClaim) -> bool {
+    matches!(pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()), None | Some(STORAGE_CLASS))
+}
+
+/// Parses a Kubernetes quantity of bytes (`1Gi`, `500M`, `1073741824`, `1.5Gi`, `1e9`).
+///
+/// # Errors
+/// A message naming the value when it is not a quantity or not a whole number of bytes ≥ 1.
+pub fn parse_bytes(q: &str) -> Result<u64, String> {
+    let q = q.trim();
+    let units: [(&str, f64); 12] = [
+        ("Ki", 1024f64),
+        ("Mi", 1024f64.powi(2)),
+        ("Gi", 1024f64.powi(3)),
+        ("Ti", 1024f64.powi(4)),
+        ("Pi", 1024f64.powi(5)),
+        ("Ei", 1024f64.powi(6)),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
+    ];
+    let (num, mult) = units.iter().find_map(|(s, m)| q.strip_suffix(s).map(|n| (n, *m))).unwrap_or((q, 1.0));
+    let n: f64 = num.parse().map_err(|_| format!("{q:?} is not a quantity; write e.g. 1Gi, 512Mi or 1000000000"))?;
+    let bytes = (n * mult).ceil();
+    if !bytes.is_finite() || bytes < 1.0 || bytes > 9.0e18 {
+        return Err(format!("{q:?} is not a usable size; give at least 1 byte, e.g. 1Gi"));
+    }
+    // Truncation is exact here: `bytes` is a whole number between 1 and 9e18.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(bytes as u64)
+}
+
+/// The requested size of `pvc` in bytes.
+///
+/// # Errors
+/// A message naming `spec.resources.requests.storage` when it is missing or not a size.
+pub fn requested_bytes(pvc: &PersistentVolumeClaim) -> Result<u64, String> {
+    let q = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .ok_or_else(|| "spec.resources.requests.storage is required: set the claim's size, e.g. 1Gi".to_owned())?;
+    parse_bytes(&q.0).map_err(|e| format!("spec.resources.requests.storage: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_in_binary_decimal_and_plain_form() {
+        assert_eq!(parse_bytes("1Gi"), Ok(1 << 30));
+        assert_eq!(parse_bytes("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1.5Gi"), Ok(3 << 29));
+        assert_eq!(parse_bytes("500M"), Ok(500_000_000));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("1e9"), Ok(1_000_000_000));
+        assert!(parse_bytes("lots").unwrap_err().contains("not a quantity"));
+        assert!(parse_bytes("0").unwrap_err().contains("at least 1 byte"));
+    }
+}
