@@ -27,7 +27,8 @@ pub fn marked(vm: &Value) -> Vec<String> {
 }
 
 /// The CD-ROM drives to re-add to `vm`'s template: one per marked volume that exists and has no
-/// disk, on the SCSI bus (the one that can be hot-plugged into a running guest).
+/// disk, on the SATA bus (KubeVirt's rule for a hot-pluggable CD-ROM medium: its drive exists
+/// from boot and media are swapped in it).
 #[must_use]
 pub fn missing_drives(vm: &Value) -> Vec<Value> {
     let spec = vm.pointer("/spec/template/spec").unwrap_or(&Value::Null);
@@ -41,7 +42,7 @@ pub fn missing_drives(vm: &Value) -> Vec<Value> {
     marked(vm)
         .into_iter()
         .filter(|m| volumes.contains(m) && !disks.contains(m))
-        .map(|m| json!({"name": m, "cdrom": {"bus": "scsi", "readonly": true}}))
+        .map(|m| json!({"name": m, "cdrom": {"bus": "sata", "readonly": true}}))
         .collect()
 }
 
@@ -74,7 +75,7 @@ mod tests {
     #[test]
     fn only_marked_volumes_without_a_disk_get_a_drive() {
         assert!(missing_drives(&vm(None)).is_empty(), "unmarked: reported, not repaired");
-        assert_eq!(missing_drives(&vm(Some("cdrom0, gone"))), [json!({"name": "cdrom0", "cdrom": {"bus": "scsi", "readonly": true}})]);
+        assert_eq!(missing_drives(&vm(Some("cdrom0, gone"))), [json!({"name": "cdrom0", "cdrom": {"bus": "sata", "readonly": true}})]);
         assert!(missing_drives(&vm(Some("root"))).is_empty(), "root has its disk");
     }
 }

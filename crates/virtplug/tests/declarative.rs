@@ -68,14 +68,18 @@ async fn vm_template_changes_reach_the_vmi_and_a_conflict_is_retried() {
 async fn the_controller_loop_plugs_and_unplugs_from_vm_spec_edits() {
     let s = TestServer::start().await;
     let ctl = tokio::spawn(controller::run::run(client::in_process(s.server.local_router())));
+    let _node = common::fakenode::start(&s.client, "node-a").await;
     let vms: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "default", &common::kubevirt_resource("VirtualMachine"));
     let vmis: Api<DynamicObject> = Api::namespaced_with(s.client.clone(), "default", &common::kubevirt_resource("VirtualMachineInstance"));
     let base = json!({"domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]}}, "volumes": [{"name": "root", "emptyDisk": {"capacity": "1Gi"}}]});
     let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "live"}, "spec": {"runStrategy": "Always", "template": {"spec": base}}});
     vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
-    let vmi = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "live"}, "spec": base});
-    vmis.create(&PostParams::default(), &serde_json::from_value(vmi).unwrap()).await.unwrap();
-    vmis.patch_status("live", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Running"}}))).await.unwrap();
+    // The controller starts the VMI; the stand-in node agent reports it Running.
+    common::wait_until(std::time::Duration::from_secs(20), "the VMI to run", || {
+        let vmis = vmis.clone();
+        async move { (vmis.get("live").await.ok()?.data.pointer("/status/phase")? == "Running").then_some(()) }
+    })
+    .await;
 
     let volumes = |v: Value| {
         v.pointer("/spec/volumes")

@@ -101,6 +101,7 @@ pub fn vm(name: &str) -> serde_json::Value {
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
 }
+pub mod fakenode;
 pub mod vmops;
 
 /// The kubevirt.io resource of `kind` (`VirtualMachine` or `VirtualMachineInstance`), for
