@@ -112,7 +112,10 @@ mod tests {
     fn refusals_carry_kubevirts_messages() {
         let mut s = spec();
         let v = json!({"name": "x", "persistentVolumeClaim": {"claimName": "root", "hotpluggable": true}});
-        assert_eq!(add(&mut s, "x", &json!({"name": "x"}), &v).unwrap_err().0, "Unable to add volume source [root] because it already exists");
+        assert_eq!(
+            add(&mut s, "x", &json!({"name": "x"}), &v).unwrap_err().0,
+            "Unable to add volume source [root] because it already exists"
+        );
         assert_eq!(remove(&mut s, "root").unwrap_err().0, "Unable to remove volume [root] because it is not hotpluggable");
         assert_eq!(remove(&mut s, "nope").unwrap_err().0, "Unable to remove volume [nope] because it does not exist");
         assert_eq!(s, spec(), "a refused edit changes nothing");

@@ -50,7 +50,8 @@ fn parse_body(sub: &str, body: &[u8]) -> Result<(bool, Option<i64>), ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok((false, None));
     }
-    let o: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the {sub} options body is not valid JSON: {e}")))?;
+    let o: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the {sub} options body is not valid JSON: {e}")))?;
     let dry = match o.get("dryRun") {
         None | Some(Value::Null) => false,
         Some(Value::Array(a)) if a.iter().all(|x| x == "All") => !a.is_empty(),

@@ -84,7 +84,10 @@ async fn handle(st: &ApiState, req: Request) -> Result<Response, ApiError> {
             let dry = query.get("dryRun").is_some_and(|v| v == "All");
             return crate::volumes::handle(&st.objects, plural, ns, name, sub, &body, dry).await;
         }
-        (Method::PUT, ["apis", "subresources.kubevirt.io", "v1", "namespaces", ns, "virtualmachines", name, sub @ ("start" | "stop" | "restart")]) => {
+        (
+            Method::PUT,
+            ["apis", "subresources.kubevirt.io", "v1", "namespaces", ns, "virtualmachines", name, sub @ ("start" | "stop" | "restart")],
+        ) => {
             let dry = query.get("dryRun").is_some_and(|v| v == "All");
             return crate::lifecycle::handle(&st.objects, ns, name, sub, &body, dry).await;
         }

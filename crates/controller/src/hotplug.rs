@@ -452,18 +452,29 @@ pub async fn report_claims(client: &kube::Client, vmi: &api::VirtualMachineInsta
     let ns = vmi.namespace().unwrap_or_default();
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
     let dvs: Api<api::DataVolume> = Api::namespaced(client.clone(), &ns);
-    let api_err = |e: kube::Error| client::UpdateError::Api { kind: "VirtualMachineInstance".into(), object: format!("{ns}/{}", vmi.name_any()), source: e };
+    let api_err = |e: kube::Error| client::UpdateError::Api {
+        kind: "VirtualMachineInstance".into(),
+        object: format!("{ns}/{}", vmi.name_any()),
+        source: e,
+    };
     let mut wanted = Vec::new();
     for v in vmi.spec.volumes.iter().filter(|v| v.is_hotpluggable()) {
         let entry = vmi.status.as_ref().and_then(|s| s.volume_status.iter().find(|e| e.name == v.name));
         if entry.is_some_and(|e| !matches!(e.phase.as_deref(), None | Some("" | "Pending" | "Bound"))) {
             continue;
         }
-        let claim = v.persistent_volume_claim.as_ref().map(|p| p.claim_name.clone()).or_else(|| v.data_volume.as_ref().map(|d| d.name.clone())).unwrap_or_default();
+        let claim = v
+            .persistent_volume_claim
+            .as_ref()
+            .map(|p| p.claim_name.clone())
+            .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
+            .unwrap_or_default();
         let pvc = pvcs.get_opt(&claim).await.map_err(api_err)?;
         let bound = pvc.as_ref().is_some_and(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"));
         let imported = match &v.data_volume {
-            Some(d) => dvs.get_opt(&d.name).await.map_err(api_err)?.and_then(|dv| dv.status).and_then(|s| s.phase).as_deref() == Some("Succeeded"),
+            Some(d) => {
+                dvs.get_opt(&d.name).await.map_err(api_err)?.and_then(|dv| dv.status).and_then(|s| s.phase).as_deref() == Some("Succeeded")
+            }
             None => true,
         };
         let info = pvc.as_ref().map(|p| api::kubevirt::PersistentVolumeClaimInfo {
@@ -471,7 +482,14 @@ pub async fn report_claims(client: &kube::Client, vmi: &api::VirtualMachineInsta
             access_modes: p.spec.as_ref().and_then(|s| s.access_modes.clone()).unwrap_or_default(),
             volume_mode: Some(p.spec.as_ref().and_then(|s| s.volume_mode.clone()).unwrap_or_else(|| "Filesystem".into())),
             capacity: p.status.as_ref().and_then(|s| s.capacity.clone()).unwrap_or_default().into_iter().collect(),
-            requests: p.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.clone()).unwrap_or_default().into_iter().collect(),
+            requests: p
+                .spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
             ..Default::default()
         });
         let (phase, reason, message) = if bound && imported {

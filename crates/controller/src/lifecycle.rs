@@ -216,7 +216,11 @@ pub async fn volumes(client: &kube::Client, vm: &VirtualMachine) -> Result<Volum
                 Some(dv) => match dv.status.as_ref().and_then(|s| s.phase.as_deref()) {
                     Some("Succeeded") => {}
                     Some("Failed") => {
-                        let why = dv.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Running")).and_then(|c| c.message.clone());
+                        let why = dv
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Running"))
+                            .and_then(|c| c.message.clone());
                         return Ok(Volumes::Failed(format!("DataVolume {} failed: {}", d.name, why.unwrap_or_default())));
                     }
                     p => return Ok(Volumes::Provisioning(format!("DataVolume {} is {}", d.name, p.unwrap_or("Pending")))),
@@ -299,7 +303,10 @@ pub async fn pick_node(client: &kube::Client) -> Result<Option<String>, kube::Er
         .into_iter()
         .filter(|n| n.labels().get("kubevirt.io/schedulable").map(String::as_str) != Some("false"))
         .filter(|n| {
-            n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
         })
         .map(|n| n.name_any())
         .collect();
@@ -329,7 +336,10 @@ pub enum LifecycleError {
     },
 }
 
-fn api_err<'a, E: Into<Box<dyn std::error::Error + Send + Sync>>>(object: &'a str, what: &'static str) -> impl FnOnce(E) -> LifecycleError + 'a {
+fn api_err<'a, E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+    object: &'a str,
+    what: &'static str,
+) -> impl FnOnce(E) -> LifecycleError + 'a {
     move |e| LifecycleError::Api { object: object.to_owned(), what, source: e.into() }
 }
 
@@ -337,7 +347,12 @@ fn api_err<'a, E: Into<Box<dyn std::error::Error + Send + Sync>>>(object: &'a st
 ///
 /// # Errors
 /// When a write fails.
-pub async fn apply(client: &kube::Client, vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>, step: &Step) -> Result<(), LifecycleError> {
+pub async fn apply(
+    client: &kube::Client,
+    vm: &VirtualMachine,
+    vmi: Option<&VirtualMachineInstance>,
+    step: &Step,
+) -> Result<(), LifecycleError> {
     let ns = vm.namespace().unwrap_or_default();
     let name = vm.name_any();
     let object = format!("{ns}/{name}");
@@ -375,7 +390,10 @@ pub async fn apply(client: &kube::Client, vm: &VirtualMachine, vmi: Option<&Virt
             }
         }
         Step::Delete(uid) => {
-            let dp = DeleteParams { preconditions: Some(Preconditions { uid: Some(uid.clone()), resource_version: None }), ..DeleteParams::default() };
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions { uid: Some(uid.clone()), resource_version: None }),
+                ..DeleteParams::default()
+            };
             match vmis.delete(&name, &dp).await {
                 Ok(_) => tracing::info!("VM {object}: deleting its VMI {uid}"),
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
@@ -404,7 +422,10 @@ pub async fn apply(client: &kube::Client, vm: &VirtualMachine, vmi: Option<&Virt
 
 /// Removes [`VMI_FINALIZER`] from a deleting VMI that no node agent will ever finish: never
 /// scheduled, or scheduled onto a node that is no longer registered.
-async fn release_orphan_finalizer(client: &kube::Client, vmi: &VirtualMachineInstance) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn release_orphan_finalizer(
+    client: &kube::Client,
+    vmi: &VirtualMachineInstance,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     if !deleting(vmi) || !vmi.finalizers().iter().any(|f| f == VMI_FINALIZER) {
         return Ok(());
     }
@@ -494,7 +515,9 @@ pub async fn write_status(
     let ready_cond = match vmi {
         None => condition("Ready", false, "VMINotExists", "VMI does not exist"),
         Some(v) if ready => condition("Ready", true, "", &format!("VMI {} is running", v.name_any())),
-        Some(v) => condition("Ready", false, "VMINotRunning", &format!("VMI is {}", if phase(v).is_empty() { "Pending" } else { phase(v) })),
+        Some(v) => {
+            condition("Ready", false, "VMINotRunning", &format!("VMI is {}", if phase(v).is_empty() { "Pending" } else { phase(v) }))
+        }
     };
     let volumes_cond = match volumes {
         Volumes::Ready => None,
@@ -532,14 +555,19 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[allow(clippy::needless_pass_by_value)]
     fn vm(strategy: &str, requests: Value) -> VirtualMachine {
-        serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "v", "namespace": "d", "uid": "vm-uid"},
-            "spec": {"runStrategy": strategy, "template": {"spec": {"domain": {}}}}, "status": {"stateChangeRequests": requests}}))
+        serde_json::from_value(
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "v", "namespace": "d", "uid": "vm-uid"},
+            "spec": {"runStrategy": strategy, "template": {"spec": {"domain": {}}}}, "status": {"stateChangeRequests": requests}}),
+        )
         .unwrap()
     }
     fn vmi(phase: &str, uid: &str) -> VirtualMachineInstance {
-        serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "v", "uid": uid},
-            "spec": {"domain": {}}, "status": {"phase": phase}}))
+        serde_json::from_value(
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "v", "uid": uid},
+            "spec": {"domain": {}}, "status": {"phase": phase}}),
+        )
         .unwrap()
     }
 
@@ -561,7 +589,11 @@ mod tests {
     fn requests_stop_only_the_vmi_they_name_then_start() {
         let restart = json!([{"action": "Stop", "uid": "a"}, {"action": "Start"}]);
         assert_eq!(decide(&vm("Manual", restart.clone()), Some(&vmi("Running", "a")), true), Step::Delete("a".into()));
-        assert_eq!(decide(&vm("Manual", restart.clone()), Some(&vmi("Running", "b")), true), Step::DropRequest, "a newer VMI is left alone");
+        assert_eq!(
+            decide(&vm("Manual", restart.clone()), Some(&vmi("Running", "b")), true),
+            Step::DropRequest,
+            "a newer VMI is left alone"
+        );
         assert_eq!(decide(&vm("Manual", restart), None, true), Step::DropRequest);
         assert_eq!(decide(&vm("Always", json!([{"action": "Start"}])), None, true), Step::Create);
         assert_eq!(decide(&vm("Manual", json!([{"action": "Start"}])), Some(&vmi("Running", "b")), true), Step::DropRequest);
@@ -579,7 +611,8 @@ mod tests {
         unsched.status.as_mut().unwrap().conditions.push(condition("PodScheduled", false, "Unschedulable", ""));
         assert_eq!(printable_status(&v, Some(&unsched), &Volumes::Ready), "ErrorUnschedulable");
         let mut stopping = vmi("Running", "a");
-        stopping.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+        stopping.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
         assert_eq!(printable_status(&v, Some(&stopping), &Volumes::Ready), "Stopping");
     }
 }

@@ -37,7 +37,7 @@ const ATTEMPTS: u32 = 5;
 const COMPONENT: &str = "virtplug-controller";
 
 /// What the controller runs with.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Config {
     /// Process legacy `status.volumeRequests` (KubeVirt's `HotplugVolumes` gate). Default off:
     /// declarative hot-plug, and pending requests are reported.
@@ -46,12 +46,6 @@ pub struct Config {
     /// deployment). `None` in cluster mode, where a CSI driver and CDI do that.
     pub storage_root: Option<PathBuf>,
     pub import: ImportConfig,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config { legacy_volume_requests: false, storage_root: None, import: ImportConfig::default() }
-    }
 }
 
 struct Ctx {
@@ -113,7 +107,15 @@ async fn reconcile_vm(vm: Arc<VirtualMachine>, ctx: Arc<Ctx>) -> Result<Action, 
     let spec_cond = condition(selfheal::CONDITION, false, "InvariantViolated", &selfheal::describe(&violations));
     let had = vm.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == selfheal::CONDITION)).and_then(|c| c.message.clone());
     if !violations.is_empty() && had.as_ref() != spec_cond.message.as_ref() {
-        events::publish(client, COMPONENT, vm.as_ref(), EventType::Warning, "InvariantViolated", spec_cond.message.as_deref().unwrap_or_default()).await;
+        events::publish(
+            client,
+            COMPONENT,
+            vm.as_ref(),
+            EventType::Warning,
+            "InvariantViolated",
+            spec_cond.message.as_deref().unwrap_or_default(),
+        )
+        .await;
     }
 
     // 2. Legacy volume requests.
@@ -178,7 +180,12 @@ async fn reconcile_vm(vm: Arc<VirtualMachine>, ctx: Arc<Ctx>) -> Result<Action, 
     let extra = [
         (spec_cond, !violations.is_empty()),
         (
-            condition(volume_requests::CONDITION, true, "DeclarativeHotplugEnabled", &volume_requests::pending_message(&ns, &name, requests.len())),
+            condition(
+                volume_requests::CONDITION,
+                true,
+                "DeclarativeHotplugEnabled",
+                &volume_requests::pending_message(&ns, &name, requests.len()),
+            ),
             requests_pending,
         ),
     ];
@@ -202,7 +209,8 @@ fn vms_using(store: &kube::runtime::reflector::Store<VirtualMachine>, ns: &str, 
         .filter(|vm| {
             vm.spec.template.spec.as_ref().is_some_and(|s| {
                 s.volumes.iter().any(|v| {
-                    v.persistent_volume_claim.as_ref().is_some_and(|p| p.claim_name == claim) || v.data_volume.as_ref().is_some_and(|d| d.name == claim)
+                    v.persistent_volume_claim.as_ref().is_some_and(|p| p.claim_name == claim)
+                        || v.data_volume.as_ref().is_some_and(|d| d.name == claim)
                 })
             })
         })

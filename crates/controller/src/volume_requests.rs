@@ -47,7 +47,8 @@ pub fn apply(template: &mut Value, req: &VirtualMachineVolumeRequest) -> Outcome
                 volume[key]["hotpluggable"] = json!(true);
             }
         }
-        let mut disk = add.disk.as_ref().map(|d| serde_json::to_value(d).unwrap_or(Value::Null)).unwrap_or_else(|| json!({"disk": {"bus": "scsi"}}));
+        let mut disk =
+            add.disk.as_ref().map(|d| serde_json::to_value(d).unwrap_or(Value::Null)).unwrap_or_else(|| json!({"disk": {"bus": "scsi"}}));
         disk["name"] = json!(add.name);
         let exists = template.pointer("/volumes").and_then(Value::as_array).is_some_and(|vs| {
             vs.iter().any(|v| v.get("name") == Some(&json!(add.name)) && volume_edit::source_name(v) == volume_edit::source_name(&volume))
@@ -61,7 +62,10 @@ pub fn apply(template: &mut Value, req: &VirtualMachineVolumeRequest) -> Outcome
         };
     }
     if let Some(rm) = &req.remove_volume_options {
-        let present = template.pointer("/volumes").and_then(Value::as_array).is_some_and(|vs| vs.iter().any(|v| v.get("name") == Some(&json!(rm.name))));
+        let present = template
+            .pointer("/volumes")
+            .and_then(Value::as_array)
+            .is_some_and(|vs| vs.iter().any(|v| v.get("name") == Some(&json!(rm.name))));
         if !present {
             return Outcome::AlreadyInEffect;
         }
@@ -84,7 +88,9 @@ mod tests {
     #[test]
     fn add_then_remove_and_replays_are_no_ops() {
         let mut t = json!({"domain": {"devices": {"disks": []}}, "volumes": []});
-        let add = req(json!({"addVolumeOptions": {"name": "d", "disk": {"disk": {"bus": "scsi"}}, "volumeSource": {"persistentVolumeClaim": {"claimName": "c"}}}}));
+        let add = req(
+            json!({"addVolumeOptions": {"name": "d", "disk": {"disk": {"bus": "scsi"}}, "volumeSource": {"persistentVolumeClaim": {"claimName": "c"}}}}),
+        );
         assert_eq!(apply(&mut t, &add), Outcome::Applied);
         assert_eq!(t["volumes"][0], json!({"name": "d", "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}}));
         assert_eq!(t["domain"]["devices"]["disks"][0], json!({"name": "d", "disk": {"bus": "scsi"}}));

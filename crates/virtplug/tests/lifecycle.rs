@@ -23,6 +23,7 @@ struct Env {
     vms: Api<VirtualMachine>,
     vmis: Api<VirtualMachineInstance>,
     ctl: tokio::task::JoinHandle<()>,
+    _root: tempfile::TempDir,
 }
 
 impl Drop for Env {
@@ -31,17 +32,18 @@ impl Drop for Env {
     }
 }
 
-async fn env_with(tune: impl FnOnce(&mut apiserver::Config), config: controller::run::Config) -> Env {
+async fn env_with(tune: impl FnOnce(&mut apiserver::Config), legacy_volume_requests: bool) -> Env {
     let s = TestServer::start_with(tune).await;
+    let root = tempfile::tempdir().unwrap();
+    let config = controller::run::Config { legacy_volume_requests, storage_root: Some(root.path().to_owned()), ..Default::default() };
     let ctl = tokio::spawn(controller::run::run_with(client::in_process(s.server.local_router()), config));
     let vms = Api::namespaced(s.client.clone(), "default");
     let vmis = Api::namespaced(s.client.clone(), "default");
-    Env { s, vms, vmis, ctl }
+    Env { s, vms, vmis, ctl, _root: root }
 }
 
 async fn env() -> Env {
-    let dir = tempfile::tempdir().unwrap().keep();
-    env_with(|_| {}, controller::run::Config { storage_root: Some(dir), ..Default::default() }).await
+    env_with(|_| {}, false).await
 }
 
 fn vm(name: &str, strategy: &str) -> VirtualMachine {
@@ -76,11 +78,9 @@ impl Env {
         common::wait_until(T, &format!("VMI {name} to run"), || {
             let vmis = vmis.clone();
             async move {
-                vmis.get_opt(name)
-                    .await
-                    .ok()
-                    .flatten()
-                    .filter(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && v.metadata.deletion_timestamp.is_none())
+                vmis.get_opt(name).await.ok().flatten().filter(|v| {
+                    v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && v.metadata.deletion_timestamp.is_none()
+                })
             }
         })
         .await
@@ -140,7 +140,9 @@ async fn always_starts_a_scheduled_owned_vmi_and_stop_start_restart_work() {
             let old = second.uid();
             async move {
                 vmis.get_opt("a").await.ok().flatten().filter(|v| {
-                    v.uid() != old && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && v.metadata.deletion_timestamp.is_none()
+                    v.uid() != old
+                        && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        && v.metadata.deletion_timestamp.is_none()
                 })
             }
         })
@@ -190,7 +192,11 @@ async fn manual_rerun_once_and_the_legacy_running_field() {
         let vmis = e.vmis.clone();
         let old = r1.uid();
         async move {
-            vmis.get_opt("r").await.ok().flatten().filter(|v| v.uid() != old && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            vmis.get_opt("r")
+                .await
+                .ok()
+                .flatten()
+                .filter(|v| v.uid() != old && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         }
     })
     .await;
@@ -203,7 +209,11 @@ async fn manual_rerun_once_and_the_legacy_running_field() {
         let vmis = e.vmis.clone();
         let old = r2.uid();
         async move {
-            vmis.get_opt("r").await.ok().flatten().filter(|v| v.uid() != old && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            vmis.get_opt("r")
+                .await
+                .ok()
+                .flatten()
+                .filter(|v| v.uid() != old && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         }
     })
     .await;
@@ -253,11 +263,22 @@ async fn a_vm_waits_for_its_volumes_and_restart_keeps_a_pending_hotplug() {
     let _node = common::fakenode::start(&e.s.client, "node-a").await;
     let mut v = common::vm("w");
     v["spec"]["runStrategy"] = json!("Always");
-    v["spec"]["template"]["spec"]["domain"]["devices"]["disks"].as_array_mut().unwrap().push(json!({"name": "data", "disk": {"bus": "virtio"}}));
-    v["spec"]["template"]["spec"]["volumes"].as_array_mut().unwrap().push(json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}}));
+    v["spec"]["template"]["spec"]["domain"]["devices"]["disks"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "data", "disk": {"bus": "virtio"}}));
+    v["spec"]["template"]["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}}));
     e.create(serde_json::from_value(v).unwrap()).await;
     let vm = e.printable("w", "ErrorPvcNotFound").await;
-    assert!(vm.status.unwrap().conditions.iter().any(|c| c.type_ == "DataVolumesReady" && c.message.as_deref().unwrap_or("").contains("claim data")));
+    assert!(vm
+        .status
+        .unwrap()
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "DataVolumesReady" && c.message.as_deref().unwrap_or("").contains("claim data")));
     // A claim of a class nobody serves stays Pending: the VM waits for binding.
     let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(e.s.client.clone(), "default");
     let claim = |class: Option<&str>| {
@@ -304,7 +325,11 @@ async fn a_vm_waits_for_its_volumes_and_restart_keeps_a_pending_hotplug() {
         let vmis = e.vmis.clone();
         let old = pending.0.uid();
         async move {
-            vmis.get_opt("w").await.ok().flatten().filter(|v| v.uid() != old && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            vmis.get_opt("w")
+                .await
+                .ok()
+                .flatten()
+                .filter(|v| v.uid() != old && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         }
     })
     .await;
@@ -334,7 +359,12 @@ async fn pending_volume_requests_are_reported_or_applied_with_the_legacy_gate() 
     e.vms.patch_status("q", &PatchParams::default(), &Patch::Merge(reqs.clone())).await.unwrap();
     let got = common::wait_until(T, "the VolumeRequestsPending condition", || {
         let vms = e.vms.clone();
-        async move { vms.get("q").await.ok().filter(|v| v.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "VolumeRequestsPending"))) }
+        async move {
+            vms.get("q")
+                .await
+                .ok()
+                .filter(|v| v.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "VolumeRequestsPending")))
+        }
     })
     .await;
     let c = got.status.unwrap().conditions.into_iter().find(|c| c.type_ == "VolumeRequestsPending").unwrap();
@@ -342,19 +372,27 @@ async fn pending_volume_requests_are_reported_or_applied_with_the_legacy_gate() 
     assert!(got.spec.template.spec.unwrap().volumes.iter().all(|v| v.name != "x"), "not applied");
     // Cleared by the user: the condition goes.
     e.vms
-        .patch_status("q", &PatchParams::default(), &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/status/volumeRequests"}])).unwrap()))
+        .patch_status(
+            "q",
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/status/volumeRequests"}])).unwrap()),
+        )
         .await
         .unwrap();
     common::wait_until(T, "the condition to go", || {
         let vms = e.vms.clone();
-        async move { vms.get("q").await.ok().filter(|v| v.status.as_ref().is_some_and(|s| s.conditions.iter().all(|c| c.type_ != "VolumeRequestsPending"))) }
+        async move {
+            vms.get("q")
+                .await
+                .ok()
+                .filter(|v| v.status.as_ref().is_some_and(|s| s.conditions.iter().all(|c| c.type_ != "VolumeRequestsPending")))
+        }
     })
     .await;
     drop(e);
 
     // Legacy gate on: applied to the template, then cleared.
-    let dir = tempfile::tempdir().unwrap();
-    let e = env_with(|_| {}, controller::run::Config { legacy_volume_requests: true, storage_root: Some(dir.path().to_owned()), ..Default::default() }).await;
+    let e = env_with(|_| {}, true).await;
     e.create(vm("q", "Halted")).await;
     e.vms.patch_status("q", &PatchParams::default(), &Patch::Merge(reqs)).await.unwrap();
     let got = common::wait_until(T, "the request to be applied", || {
@@ -363,7 +401,10 @@ async fn pending_volume_requests_are_reported_or_applied_with_the_legacy_gate() 
     })
     .await;
     let spec = serde_json::to_value(got.spec.template.spec.unwrap()).unwrap();
-    assert!(spec["volumes"].as_array().unwrap().contains(&json!({"name": "x", "persistentVolumeClaim": {"claimName": "x", "hotpluggable": true}})));
+    assert!(spec["volumes"]
+        .as_array()
+        .unwrap()
+        .contains(&json!({"name": "x", "persistentVolumeClaim": {"claimName": "x", "hotpluggable": true}})));
     assert!(spec["domain"]["devices"]["disks"].as_array().unwrap().contains(&json!({"name": "x", "disk": {"bus": "scsi"}})));
 }
 
@@ -372,21 +413,28 @@ async fn pending_volume_requests_are_reported_or_applied_with_the_legacy_gate() 
 /// the volume is marked as virtual media.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cdrom_volume_without_its_disk_is_reported_and_repaired_when_marked() {
-    let dir = tempfile::tempdir().unwrap();
-    let e = env_with(|c| c.enforce_invariants = false, controller::run::Config { storage_root: Some(dir.path().to_owned()), ..Default::default() }).await;
+    let e = env_with(|c| c.enforce_invariants = false, false).await;
     let mut v = common::vm("h");
     // The drive `cdrom0` is gone from the disks; its volume is still there.
     v["spec"]["template"]["spec"]["domain"]["devices"]["disks"] = json!([{"name": "root", "bootOrder": 1, "disk": {"bus": "virtio"}}]);
-    v["spec"]["template"]["spec"]["volumes"].as_array_mut().unwrap().push(json!({"name": "cdrom0", "dataVolume": {"name": "iso", "hotpluggable": true}}));
+    v["spec"]["template"]["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "cdrom0", "dataVolume": {"name": "iso", "hotpluggable": true}}));
     e.create(serde_json::from_value(v).unwrap()).await;
-    let vm = common::wait_until(T, "the SpecValid condition", || {
-        let vms = e.vms.clone();
-        async move { vms.get("h").await.ok().filter(|v| v.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "SpecValid"))) }
-    })
-    .await;
+    let vm =
+        common::wait_until(T, "the SpecValid condition", || {
+            let vms = e.vms.clone();
+            async move {
+                vms.get("h").await.ok().filter(|v| v.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "SpecValid")))
+            }
+        })
+        .await;
     let c = vm.status.unwrap().conditions.into_iter().find(|c| c.type_ == "SpecValid").unwrap();
     assert_eq!(c.status, "False");
-    assert!(c.message.as_deref().unwrap().contains("spec.template.spec.volumes[1].name") && c.message.as_deref().unwrap().contains("cdrom0"));
+    assert!(
+        c.message.as_deref().unwrap().contains("spec.template.spec.volumes[1].name") && c.message.as_deref().unwrap().contains("cdrom0")
+    );
     let events = client::events::list(&e.s.client, "default", "h", "InvariantViolated").await.unwrap();
     assert_eq!(events.len(), 1, "one Event per distinct violation");
     assert!(events[0].message.as_deref().unwrap().contains("cdrom0"));

@@ -153,7 +153,10 @@ fn claim_for(dv: &DataVolume) -> Result<PersistentVolumeClaim, String> {
             access_modes: Some(if modes.is_empty() { vec!["ReadWriteOnce".to_owned()] } else { modes }),
             volume_mode: mode,
             storage_class_name: class,
-            resources: Some(VolumeResourceRequirements { requests: Some([("storage".to_owned(), size)].into_iter().collect()), limits: None }),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some([("storage".to_owned(), size)].into_iter().collect()),
+                limits: None,
+            }),
             ..PersistentVolumeClaimSpec::default()
         }),
         status: None,
@@ -182,16 +185,22 @@ async fn reconcile(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, ImportE
     }
     let source = dv.spec.source.clone().unwrap_or_default();
     if source.http.is_none() && source.blank.is_none() {
-        let msg = if source.pvc.is_some() { "cloning a claim (source.pvc) is not supported; use source.http or source.blank" } else { "spec.source needs one of http {url} or blank {}" };
+        let msg = if source.pvc.is_some() {
+            "cloning a claim (source.pvc) is not supported; use source.http or source.blank"
+        } else {
+            "spec.source needs one of http {url} or blank {}"
+        };
         fail(&ctx, &dvs, &dv, msg).await?;
         return Ok(Action::await_change());
     }
 
-    let pvc = match pvcs.get_opt(&name).await.map_err(|e| ImportError::Transient(format!("cannot read claim {ns}/{name}: {e}")))? {
-        Some(p) => p,
-        None => match claim_for(&dv) {
+    let existing = pvcs.get_opt(&name).await.map_err(|e| ImportError::Transient(format!("cannot read claim {ns}/{name}: {e}")))?;
+    let Some(pvc) = existing else {
+        match claim_for(&dv) {
             Ok(claim) => {
-                pvcs.create(&PostParams::default(), &claim).await.map_err(|e| ImportError::Transient(format!("cannot create claim {ns}/{name}: {e}")))?;
+                pvcs.create(&PostParams::default(), &claim)
+                    .await
+                    .map_err(|e| ImportError::Transient(format!("cannot create claim {ns}/{name}: {e}")))?;
                 set_status(&dvs, &name, |s| {
                     s.phase = Some("Pending".into());
                     s.progress = Some("N/A".into());
@@ -199,16 +208,19 @@ async fn reconcile(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, ImportE
                     set_condition(&mut s.conditions, condition("Bound", false, "Pending", &format!("claim {name} is waiting to be bound")));
                 })
                 .await?;
-                return Ok(Action::await_change());
             }
-            Err(msg) => {
-                fail(&ctx, &dvs, &dv, &msg).await?;
-                return Ok(Action::await_change());
-            }
-        },
+            Err(msg) => fail(&ctx, &dvs, &dv, &msg).await?,
+        }
+        return Ok(Action::await_change());
     };
     if !pvc.owner_references().iter().any(|o| o.uid == uid) {
-        fail(&ctx, &dvs, &dv, &format!("claim {name} already exists and does not belong to this DataVolume; delete it or name the DataVolume differently")).await?;
+        fail(
+            &ctx,
+            &dvs,
+            &dv,
+            &format!("claim {name} already exists and does not belong to this DataVolume; delete it or name the DataVolume differently"),
+        )
+        .await?;
         return Ok(Action::await_change());
     }
     if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
@@ -254,24 +266,31 @@ async fn reconcile(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, ImportE
             Err(ImportError::Transient(msg)) if restarts < ctx2.config.max_retries => Some((msg.clone(), backoff(&ctx2.config, restarts))),
             _ => None,
         };
-        // The gate first: the status write below wakes the reconcile, which must see it.
-        {
-            let mut gates = ctx2.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            match &retry {
-                Some((_, delay)) => gates.insert(uid, Instant::now() + *delay),
-                None => gates.remove(&uid),
-            };
+        // A retry's gate is set before its status write (which wakes the reconcile, and that
+        // must see the delay); any other outcome's gate is lifted only after the final status
+        // is written, so no reconcile can start another attempt in between.
+        if let Some((_, delay)) = &retry {
+            ctx2.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(uid.clone(), Instant::now() + *delay);
         }
         match (&result, retry) {
             (Ok(()), _) => {}
             (_, Some((msg, delay))) => {
-                events::publish(&ctx2.client, COMPONENT, dv.as_ref(), EventType::Warning, "ImportRetry", &format!("{msg}; retrying in {delay:.1?}")).await;
+                events::publish(
+                    &ctx2.client,
+                    COMPONENT,
+                    dv.as_ref(),
+                    EventType::Warning,
+                    "ImportRetry",
+                    &format!("{msg}; retrying in {delay:.1?}"),
+                )
+                .await;
                 let _ = set_status(&dvs, &name, |s| {
                     s.phase = Some("ImportScheduled".into());
                     s.restart_count = Some(restarts + 1);
                     set_condition(&mut s.conditions, condition("Running", false, "Error", &msg));
                 })
                 .await;
+                return;
             }
             (Err(ImportError::Permanent(msg)), None) => {
                 let _ = fail(&ctx2, &dvs, &dv, msg).await;
@@ -280,6 +299,7 @@ async fn reconcile(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, ImportE
                 let _ = fail(&ctx2, &dvs, &dv, &format!("{msg} (gave up after {} attempts)", restarts + 1)).await;
             }
         }
+        ctx2.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&uid);
     });
     Ok(Action::await_change())
 }
@@ -313,7 +333,12 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
             .map_err(|e| ImportError::Transient(e.to_string()))?
             .ok_or_else(|| ImportError::Transient(format!("claim {name} has no backing on this node yet")))?
     };
-    let resp = ctx.http.get(parsed).send().await.map_err(|e| ImportError::Transient(format!("cannot fetch {url}: {}", super::provisioner::error_chain(&e))))?;
+    let resp = ctx
+        .http
+        .get(parsed)
+        .send()
+        .await
+        .map_err(|e| ImportError::Transient(format!("cannot fetch {url}: {}", super::provisioner::error_chain(&e))))?;
     if !resp.status().is_success() {
         return Err(ImportError::Transient(format!("{url} answered HTTP {}", resp.status())));
     }
@@ -348,12 +373,16 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| {
             ImportError::Transient(match total {
-                Some(t) => format!("the transfer from {url} broke off after {written} of {t} bytes: {}", super::provisioner::error_chain(&e)),
+                Some(t) => {
+                    format!("the transfer from {url} broke off after {written} of {t} bytes: {}", super::provisioner::error_chain(&e))
+                }
                 None => format!("the transfer from {url} broke off after {written} bytes: {}", super::provisioner::error_chain(&e)),
             })
         })?;
         if first && chunk.starts_with(b"QFI\xfb") {
-            return Err(ImportError::Permanent(format!("{url} is a qcow2 image; only raw and ISO images are imported (convert with: qemu-img convert -O raw IN OUT)")));
+            return Err(ImportError::Permanent(format!(
+                "{url} is a qcow2 image; only raw and ISO images are imported (convert with: qemu-img convert -O raw IN OUT)"
+            )));
         }
         first = false;
         written += chunk.len() as u64;
@@ -425,7 +454,11 @@ pub async fn run(client: kube::Client, root: PathBuf, config: ImportConfig) -> R
         // The claim's binding wakes its DataVolume (the claim is named after it).
         .watches(pvcs, watcher::Config::default(), |pvc| {
             let ns = pvc.namespace().unwrap_or_default();
-            pvc.owner_references().iter().filter(|o| o.kind == "DataVolume").map(|o| ObjectRef::new(&o.name).within(&ns)).collect::<Vec<_>>()
+            pvc.owner_references()
+                .iter()
+                .filter(|o| o.kind == "DataVolume")
+                .map(|o| ObjectRef::new(&o.name).within(&ns))
+                .collect::<Vec<_>>()
         })
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {})

@@ -100,7 +100,7 @@ pub fn parse_bytes(q: &str) -> Result<u64, String> {
     let (num, mult) = units.iter().find_map(|(s, m)| q.strip_suffix(s).map(|n| (n, *m))).unwrap_or((q, 1.0));
     let n: f64 = num.parse().map_err(|_| format!("{q:?} is not a quantity; write e.g. 1Gi, 512Mi or 1000000000"))?;
     let bytes = (n * mult).ceil();
-    if !bytes.is_finite() || bytes < 1.0 || bytes > 9.0e18 {
+    if !bytes.is_finite() || !(1.0..=9.0e18).contains(&bytes) {
         return Err(format!("{q:?} is not a usable size; give at least 1 byte, e.g. 1Gi"));
     }
     // Truncation is exact here: `bytes` is a whole number between 1 and 9e18.

@@ -77,14 +77,23 @@ pub fn claims_of(vmi: &VirtualMachineInstance) -> Vec<String> {
     vmi.spec
         .volumes
         .iter()
-        .filter_map(|v| v.persistent_volume_claim.as_ref().map(|p| p.claim_name.clone()).or_else(|| v.data_volume.as_ref().map(|d| d.name.clone())))
+        .filter_map(|v| {
+            v.persistent_volume_claim.as_ref().map(|p| p.claim_name.clone()).or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
+        })
         .collect()
 }
 
 /// The VMIs in `ns` that use claim `name`.
 async fn users(client: &kube::Client, ns: &str, name: &str) -> Result<Vec<String>, kube::Error> {
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), ns);
-    Ok(vmis.list(&ListParams::default()).await?.items.iter().filter(|v| claims_of(v).iter().any(|c| c == name)).map(ResourceExt::name_any).collect())
+    Ok(vmis
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|v| claims_of(v).iter().any(|c| c == name))
+        .map(ResourceExt::name_any)
+        .collect())
 }
 
 /// Creates the image (sparse, `size` bytes) unless it exists: written under a temp name and
@@ -184,8 +193,18 @@ async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Act
         let (dir, image, claim) = (dir.clone(), image.clone(), claim.clone());
         let claim_outer = claim.clone();
         tokio::task::spawn_blocking(move || -> Result<Option<PathBuf>, ProvisionError> {
-            std::fs::create_dir_all(&dir).map_err(|source| ProvisionError::Io { claim: claim.clone(), what: "create", path: dir.clone(), source })?;
-            create_image(&image, size).map_err(|source| ProvisionError::Io { claim: claim.clone(), what: "create", path: image.clone(), source })?;
+            std::fs::create_dir_all(&dir).map_err(|source| ProvisionError::Io {
+                claim: claim.clone(),
+                what: "create",
+                path: dir.clone(),
+                source,
+            })?;
+            create_image(&image, size).map_err(|source| ProvisionError::Io {
+                claim: claim.clone(),
+                what: "create",
+                path: image.clone(),
+                source,
+            })?;
             if mode == VolumeMode::Block {
                 let dev = match loopdev::find(&image) {
                     Some(d) => d,
@@ -217,7 +236,8 @@ async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Act
     .await
     .map_err(api_err(&claim))?;
     let was_bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-    let capacity = pvc.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage")).cloned();
+    let capacity =
+        pvc.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage")).cloned();
     let modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone()).unwrap_or_else(|| vec!["ReadWriteOnce".to_owned()]);
     client::update_status(&api, &name, |p: &mut PersistentVolumeClaim| {
         let st = p.status.get_or_insert_with(Default::default);
@@ -232,7 +252,8 @@ async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Act
             Some(d) => format!("{mode:?} volume: {} over {}", d.display(), image.display()),
             None => format!("{mode:?} volume: {}", image.display()),
         };
-        events::publish(&ctx.client, COMPONENT, pvc.as_ref(), EventType::Normal, "ProvisioningSucceeded", &format!("provisioned {what}")).await;
+        events::publish(&ctx.client, COMPONENT, pvc.as_ref(), EventType::Normal, "ProvisioningSucceeded", &format!("provisioned {what}"))
+            .await;
         tracing::info!("bound claim {claim} ({what})");
     }
     Ok(Action::await_change())
