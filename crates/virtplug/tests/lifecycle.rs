@@ -456,3 +456,38 @@ async fn a_cdrom_volume_without_its_disk_is_reported_and_repaired_when_marked() 
     assert!(api::invariants::check(&e.vms.get("h").await.unwrap().spec.template.spec.unwrap(), "spec").is_empty());
     assert_eq!(client::events::list(&e.s.client, "default", "h", "VirtualMediaDriveRestored").await.unwrap().len(), 1);
 }
+
+/// A VM whose root is a DataVolume from `dataVolumeTemplates`: the DataVolume is created (owned
+/// by the VM) and the VM starts only once it has succeeded (`Provisioning` before: unit-tested).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_volume_templates_are_provisioned_before_the_vm_starts() {
+    let e = env().await;
+    let mut v = common::vm("p");
+    v["spec"]["runStrategy"] = json!("Always");
+    v["spec"]["template"]["spec"]["volumes"] = json!([{"name": "root", "dataVolume": {"name": "p-root"}}]);
+    v["spec"]["template"]["spec"]["domain"]["devices"]["disks"] = json!([{"name": "root", "bootOrder": 1, "disk": {"bus": "virtio"}}]);
+    v["spec"]["dataVolumeTemplates"] =
+        json!([{"metadata": {"name": "p-root"}, "spec": {"source": {"blank": {}}, "storage": {"resources": {"requests": {"storage": "8Mi"}}}}}]);
+    e.create(serde_json::from_value(v).unwrap()).await;
+    // No node yet: the blank DataVolume completes, then the VMI waits to be scheduled.
+    let dvs: Api<api::DataVolume> = Api::namespaced(e.s.client.clone(), "default");
+    let dv = common::wait_until(T, "the DataVolume to succeed", || {
+        let dvs = dvs.clone();
+        async move { dvs.get_opt("p-root").await.ok().flatten().filter(|d| d.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")) }
+    })
+    .await;
+    assert_eq!(dv.owner_references()[0].kind, "VirtualMachine");
+    assert_eq!(dv.status.unwrap().progress.as_deref(), Some("100.0%"));
+    e.printable("p", "ErrorUnschedulable").await;
+    let _node = common::fakenode::start(&e.s.client, "node-a").await;
+    assert_eq!(e.sub("p", "restart", json!({})).await.0, 202);
+    e.printable("p", "Running").await;
+    // Deleting the VM takes the DataVolume and its claim with it.
+    e.vms.delete("p", &DeleteParams::default()).await.unwrap();
+    let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(e.s.client.clone(), "default");
+    common::wait_until(T, "the DataVolume's claim to be collected", || {
+        let pvcs = pvcs.clone();
+        async move { matches!(pvcs.get_opt("p-root").await, Ok(None)).then_some(()) }
+    })
+    .await;
+}
