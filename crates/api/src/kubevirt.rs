@@ -603,6 +603,37 @@ pub struct VolumeStatus {
     pub extra: Extra,
 }
 
+impl VolumeStatus {
+    /// Moves the entry to `phase`/`reason`/`message`, appending the transition to its
+    /// `phaseTransitionTimestamps` (virtplug's addition, RFC 3339 with milliseconds, so
+    /// per-phase latency can be measured; KubeVirt keeps these per VMI only). No change, no
+    /// new timestamp.
+    pub fn transition(&mut self, phase: &str, reason: &str, message: &str) {
+        if self.phase.as_deref() == Some(phase) && self.reason.as_deref() == Some(reason) && self.message.as_deref() == Some(message) {
+            return;
+        }
+        if self.phase.as_deref() != Some(phase) {
+            let stamps = self.extra.entry("phaseTransitionTimestamps".to_owned()).or_insert_with(|| Value::Array(Vec::new()));
+            if let Some(a) = stamps.as_array_mut() {
+                let at = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
+                a.push(serde_json::json!({"phase": phase, "phaseTransitionTimestamp": at}));
+            }
+        }
+        self.phase = Some(phase.to_owned());
+        self.reason = Some(reason.to_owned());
+        self.message = Some(message.to_owned());
+    }
+
+    /// When the entry entered `phase`, from `phaseTransitionTimestamps`.
+    #[must_use]
+    pub fn entered(&self, phase: &str) -> Option<jiff::Timestamp> {
+        self.extra.get("phaseTransitionTimestamps")?.as_array()?.iter().rev().find(|t| t["phase"] == phase)?["phaseTransitionTimestamp"]
+            .as_str()?
+            .parse()
+            .ok()
+    }
+}
+
 /// `volumeStatus[].hotplugVolume`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -410,30 +410,6 @@ pub async fn reconcile(
     Err(ReconcileError::Conflict { object, attempts })
 }
 
-/// `volumeStatus[].phaseTransitionTimestamps` entry time: RFC 3339 with milliseconds, so
-/// per-phase latency can be measured.
-#[must_use]
-pub fn timestamp() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
-}
-
-/// Moves a volume status entry to `phase`/`reason`/`message`, appending the transition to
-/// its `phaseTransitionTimestamps` (virtplug's addition; KubeVirt keeps these per VMI only).
-pub fn transition(entry: &mut api::kubevirt::VolumeStatus, phase: &str, reason: &str, message: &str) {
-    if entry.phase.as_deref() == Some(phase) && entry.reason.as_deref() == Some(reason) && entry.message.as_deref() == Some(message) {
-        return;
-    }
-    if entry.phase.as_deref() != Some(phase) {
-        let stamps = entry.extra.entry("phaseTransitionTimestamps".to_owned()).or_insert_with(|| Value::Array(Vec::new()));
-        if let Some(a) = stamps.as_array_mut() {
-            a.push(json!({"phase": phase, "phaseTransitionTimestamp": timestamp()}));
-        }
-    }
-    entry.phase = Some(phase.to_owned());
-    entry.reason = Some(reason.to_owned());
-    entry.message = Some(message.to_owned());
-}
-
 /// The controller's part of a running VMI's `status.volumeStatus` (DESIGN "Hot-plug volume
 /// status"): a hot-plug volume in the VMI spec without an entry gets one, `Pending`
 /// (`PVCNotReady`) until its claim is bound and, for a DataVolume, its import has succeeded,
@@ -527,7 +503,7 @@ pub async fn report_claims(client: &kube::Client, vmi: &api::VirtualMachineInsta
             if !matches!(e.phase.as_deref(), None | Some("" | "Pending" | "Bound")) {
                 continue; // the node agent moved it on meanwhile
             }
-            transition(e, phase, reason, message);
+            e.transition(phase, reason, message);
             if info.is_some() {
                 e.persistent_volume_claim_info.clone_from(info);
             }

@@ -20,12 +20,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the embedded stack: API server (HTTPS) and the controller (declarative hot-plug so far).
+    /// Run the embedded stack: API server (HTTPS), controller and node agent, in one process.
     Up(serve::UpArgs),
     /// Run only the embedded API server.
     Apiserver(serve::ApiserverArgs),
-    /// Run the controller against an API server (declarative hot-plug so far).
+    /// Run the controller against an API server (VM lifecycle, hot-plug, local storage).
     Controller(serve::ControllerArgs),
+    /// Run the node agent against an API server (this node's VMs under QEMU).
+    Node(serve::NodeArgs),
     /// Print the CRD manifests for cluster mode (deploy/crds.yaml).
     Crds,
     /// One-off migrations of a cluster's objects.
@@ -59,6 +61,7 @@ fn main() -> std::process::ExitCode {
             Command::Up(args) => serve::up(args).await,
             Command::Apiserver(args) => serve::apiserver(args).await,
             Command::Controller(args) => serve::controller(args).await,
+            Command::Node(args) => serve::node(args).await,
             Command::Migrate(m) => match migrate::run(m).await {
                 // Fail closed: anything refused or failed is a non-zero exit.
                 Ok(true) => Ok(()),

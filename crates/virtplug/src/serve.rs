@@ -33,6 +33,65 @@ pub struct UpArgs {
     listen: SocketAddr,
 }
 
+/// Arguments of `virtplug node`.
+#[derive(Args)]
+pub struct NodeArgs {
+    /// This node's name (what VMIs are scheduled onto) [default: the host name].
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Kubeconfig [default: $KUBECONFIG, ~/.kube/config, in-cluster].
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Where VM run dirs live (`DIR/node/vmis/UID`) and claims are found (`DIR/storage`).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// The claims' storage root, if not `DATA_DIR/storage`.
+    #[arg(long)]
+    storage_root: Option<PathBuf>,
+    /// QEMU accelerator: auto, kvm or tcg.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
+    accel: String,
+}
+
+/// The host name, for the default node name.
+pub fn host_name() -> String {
+    let n = rustix::system::uname();
+    let n = n.nodename().to_string_lossy().into_owned();
+    if n.is_empty() {
+        "localhost".to_owned()
+    } else {
+        n.to_lowercase()
+    }
+}
+
+fn accel(s: &str) -> qemu::accel::Accel {
+    match s {
+        "kvm" => qemu::accel::Accel::Kvm,
+        "tcg" => qemu::accel::Accel::Tcg,
+        _ => qemu::accel::Accel::Auto,
+    }
+}
+
+pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
+    let client = crate::migrate::connect(args.kubeconfig).await?;
+    let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
+    let mut config = node::agent::Config::new(&args.node_name.unwrap_or_else(host_name), &data_dir);
+    if let Some(root) = args.storage_root {
+        config.storage_root = root;
+    }
+    config.accel = accel(&args.accel);
+    eprintln!(
+        "virtplug node {}: running VMs from {} (Ctrl-C stops the agent; VMs keep running)",
+        config.node_name,
+        config.state_dir.display()
+    );
+    tokio::select! {
+        r = node::agent::run(client, config) => r.context("the node agent stopped")?,
+        r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
+    }
+    Ok(())
+}
+
 /// Arguments of `virtplug controller`.
 #[derive(Args)]
 pub struct ControllerArgs {
@@ -84,8 +143,15 @@ async fn run(config: apiserver::Config, listen: SocketAddr, what: &str) -> anyho
         .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
     if what == "up" {
         // In-process client: the controller reaches the API without a socket.
-        let config = controller::run::Config { storage_root: Some(config.data_dir.join("storage")), ..controller::run::Config::default() };
-        tokio::spawn(controller::run::run_with(client::in_process(server.local_router()), config));
+        let client = client::in_process(server.local_router());
+        let ctl = controller::run::Config { storage_root: Some(config.data_dir.join("storage")), ..controller::run::Config::default() };
+        tokio::spawn(controller::run::run_with(client.clone(), ctl));
+        let node_config = node::agent::Config::new(&host_name(), &config.data_dir);
+        tokio::spawn(async move {
+            if let Err(e) = node::agent::run(client, node_config).await {
+                tracing::error!("the node agent stopped: {e:#}");
+            }
+        });
     }
     let listener = tokio::net::TcpListener::bind(listen)
         .await

@@ -466,14 +466,15 @@ async fn data_volume_templates_are_provisioned_before_the_vm_starts() {
     v["spec"]["runStrategy"] = json!("Always");
     v["spec"]["template"]["spec"]["volumes"] = json!([{"name": "root", "dataVolume": {"name": "p-root"}}]);
     v["spec"]["template"]["spec"]["domain"]["devices"]["disks"] = json!([{"name": "root", "bootOrder": 1, "disk": {"bus": "virtio"}}]);
-    v["spec"]["dataVolumeTemplates"] =
-        json!([{"metadata": {"name": "p-root"}, "spec": {"source": {"blank": {}}, "storage": {"resources": {"requests": {"storage": "8Mi"}}}}}]);
+    v["spec"]["dataVolumeTemplates"] = json!([{"metadata": {"name": "p-root"}, "spec": {"source": {"blank": {}}, "storage": {"resources": {"requests": {"storage": "8Mi"}}}}}]);
     e.create(serde_json::from_value(v).unwrap()).await;
     // No node yet: the blank DataVolume completes, then the VMI waits to be scheduled.
     let dvs: Api<api::DataVolume> = Api::namespaced(e.s.client.clone(), "default");
     let dv = common::wait_until(T, "the DataVolume to succeed", || {
         let dvs = dvs.clone();
-        async move { dvs.get_opt("p-root").await.ok().flatten().filter(|d| d.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")) }
+        async move {
+            dvs.get_opt("p-root").await.ok().flatten().filter(|d| d.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+        }
     })
     .await;
     assert_eq!(dv.owner_references()[0].kind, "VirtualMachine");

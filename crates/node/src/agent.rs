@@ -1,0 +1,203 @@
+//! The node agent's top level: register the node, watch the VMIs assigned to it, run one
+//! [`worker`](crate::worker) per VMI, and after a restart adopt the QEMUs it left running.
+//!
+//! # Flow
+//! 1. The Node object is created (or its status refreshed) with `Ready=True`, so the controller
+//!    can schedule onto it.
+//! 2. VMIs are watched with the label `kubevirt.io/nodeName=NODE` (set by the controller with
+//!    `status.nodeName`); each VMI UID gets a worker that owns its QEMU and QMP connection and
+//!    receives every new version of the VMI.
+//! 3. Claims and DataVolumes are watched too: any change wakes every worker, so a volume waiting
+//!    for its storage attaches within one wake-up of the storage appearing (no polling).
+//! 4. After the first full list, run dirs whose VMI no longer exists are stopped and removed
+//!    (their VMI was deleted while the agent was down).
+//!
+//! # Guarantees
+//! Stopping the agent (or `kill -9`) never stops a VM: workers are dropped, QEMUs keep running
+//! (`-daemonize`, own session), and the next agent adopts them from their run dirs.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::ResourceExt;
+use serde_json::json;
+use tokio::sync::{watch, Notify};
+
+use api::{DataVolume, VirtualMachineInstance};
+
+use crate::backoff::Backoff;
+
+/// The node agent's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub node_name: String,
+    /// Run dirs of the VMs (`STATE/vmis/<uid>/`: QMP socket, serial log, pidfile, record).
+    pub state_dir: PathBuf,
+    /// Where the local provisioner keeps claims (`ROOT/<claim uid>/`).
+    pub storage_root: PathBuf,
+    pub accel: qemu::accel::Accel,
+    pub backoff: Backoff,
+    /// Grace for a guest to power off when its VMI is deleted, unless the VMI sets
+    /// `terminationGracePeriodSeconds` (default 30 s); QEMU is then stopped by force.
+    pub stop_grace: Duration,
+}
+
+impl Config {
+    /// Defaults for `node_name` with everything under `data_dir`.
+    #[must_use]
+    pub fn new(node_name: &str, data_dir: &std::path::Path) -> Config {
+        Config {
+            node_name: node_name.to_owned(),
+            state_dir: data_dir.join("node"),
+            storage_root: data_dir.join("storage"),
+            accel: qemu::accel::Accel::Auto,
+            backoff: Backoff::default(),
+            stop_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What every worker shares.
+pub struct Shared {
+    pub client: kube::Client,
+    pub config: Config,
+    pub accel: qemu::accel::Resolved,
+    /// Woken on any claim or DataVolume change.
+    pub storage_changed: Notify,
+}
+
+/// Errors that stop the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot register node {node}")]
+    Register {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("cannot create the state dir {path}")]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Creates or refreshes the Node object with `Ready=True`.
+///
+/// # Errors
+/// When the API refuses.
+pub async fn register(client: &kube::Client, name: &str, accel: &str) -> Result<(), kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    if nodes.get_opt(name).await?.is_none() {
+        let node: Node = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubevirt.io/schedulable": "true", "kubernetes.io/hostname": name}}}))
+        .map_err(kube::Error::SerdeError)?;
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    // A status-only merge patch of fields only the agent writes (no array is shared).
+    let status = json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "NodeAgentReady", "message": format!("virtplug node agent is running ({accel})"),
+                        "lastHeartbeatTime": now, "lastTransitionTime": now}],
+        "nodeInfo": {"kubeletVersion": format!("virtplug-{}", env!("CARGO_PKG_VERSION")), "architecture": "amd64", "operatingSystem": "linux"}}});
+    nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await?;
+    Ok(())
+}
+
+struct Worker {
+    tx: watch::Sender<Option<Arc<VirtualMachineInstance>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Runs the agent until the process stops (or the future is dropped: VMs keep running).
+///
+/// # Errors
+/// When the node cannot be registered or the state dir created.
+pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError> {
+    let vmis_dir = config.state_dir.join("vmis");
+    std::fs::create_dir_all(&vmis_dir).map_err(|source| AgentError::StateDir { path: vmis_dir.clone(), source })?;
+    let choice = qemu::accel::resolve(config.accel);
+    tracing::info!("node {}: QEMU accelerator {:?} ({})", config.node_name, choice.accel, choice.reason);
+    register(&client, &config.node_name, &choice.reason)
+        .await
+        .map_err(|source| AgentError::Register { node: config.node_name.clone(), source })?;
+    let shared = Arc::new(Shared { client: client.clone(), config: config.clone(), accel: choice.accel, storage_changed: Notify::new() });
+
+    // Storage changes wake every worker.
+    let storage = {
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let pvcs = watcher(Api::<PersistentVolumeClaim>::all(shared.client.clone()), watcher::Config::default())
+                .default_backoff()
+                .map(|_| ())
+                .boxed();
+            let dvs =
+                watcher(Api::<DataVolume>::all(shared.client.clone()), watcher::Config::default()).default_backoff().map(|_| ()).boxed();
+            let mut both = futures::stream::select(pvcs, dvs);
+            while both.next().await.is_some() {
+                shared.storage_changed.notify_waiters();
+            }
+        })
+    };
+
+    let mut workers: HashMap<String, Worker> = HashMap::new();
+    let mut listed: HashSet<String> = HashSet::new();
+    let selector = format!("kubevirt.io/nodeName={}", config.node_name);
+    let api: Api<VirtualMachineInstance> = Api::all(client.clone());
+    let mut events = watcher(api, watcher::Config::default().labels(&selector)).default_backoff().boxed();
+    while let Some(ev) = events.next().await {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => {
+                tracing::warn!("node {}: VMI watch error (retrying): {e}", config.node_name);
+                continue;
+            }
+        };
+        workers.retain(|_, w| !w.task.is_finished());
+        match ev {
+            watcher::Event::Init => listed.clear(),
+            watcher::Event::InitApply(vmi) | watcher::Event::Apply(vmi) => {
+                let Some(uid) = vmi.uid() else { continue };
+                listed.insert(uid.clone());
+                let vmi = Arc::new(vmi);
+                match workers.get(&uid) {
+                    Some(w) => {
+                        let _ = w.tx.send(Some(vmi));
+                    }
+                    None => {
+                        let (tx, rx) = watch::channel(Some(vmi));
+                        let task = tokio::spawn(crate::worker::run(Arc::clone(&shared), uid.clone(), rx));
+                        workers.insert(uid, Worker { tx, task });
+                    }
+                }
+            }
+            watcher::Event::Delete(vmi) => {
+                if let Some(w) = vmi.uid().and_then(|u| workers.get(&u)) {
+                    let _ = w.tx.send(None);
+                }
+            }
+            watcher::Event::InitDone => {
+                // Run dirs of VMIs that are gone: their QEMU is stopped, the dir removed.
+                for (dir, record) in crate::checkpoint::records(&vmis_dir) {
+                    if !listed.contains(&record.uid) && !workers.contains_key(&record.uid) {
+                        tracing::info!("VMI {}/{} ({}) is gone: stopping its QEMU", record.namespace, record.name, record.uid);
+                        crate::worker::stop_orphan(&dir).await;
+                    }
+                }
+            }
+        }
+    }
+    storage.abort();
+    Ok(())
+}

@@ -1,0 +1,414 @@
+//! A running VMI's hot-plug volumes against what QEMU reports, and their `volumeStatus`.
+//!
+//! # State machine (per volume, every step idempotent)
+//! Attach: claim ready → open the source (`AttachedToNode`) → `add-fd` + `blockdev-add` +
+//! `device_add` in one [`Machine::attach`] (or, for a CD-ROM medium,
+//! `blockdev-change-medium` into its drive) → `Ready`. In fd mode `MountedToPod` (fd inside
+//! QEMU) and `Ready` are reached by the same QMP sequence, so only `Ready` is reported.
+//! Detach: `Detaching` → `device_del` → `DEVICE_DELETED` (deadline) → `blockdev-del` → the
+//! entry is removed and a `VolumeUnplugged` Event is emitted; a CD-ROM medium is ejected.
+//!
+//! The truth is QEMU ([`Machine::attached`], [`Machine::drives`]): after an agent restart the
+//! same reconcile attaches what is missing and detaches what is extra.
+//!
+//! # Waiting
+//! A volume whose claim is not ready keeps its phase with the reason in `message` and is
+//! retried on the next wake-up (claim/DataVolume watch) or after the backoff; past the deadline
+//! its reason is `HotplugFailed` with a `HotplugFailed` Event, and retries continue at the cap.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::Api;
+use kube::ResourceExt;
+
+use api::kubevirt::{Disk, DiskKind, HotplugVolumeStatus, Volume, VolumeStatus};
+use api::{DataVolume, VirtualMachineInstance};
+use client::events::{self, EventType};
+use qemu::ops::{Attach, DeviceKind, Machine, Source};
+
+use crate::agent::Shared;
+use crate::source::{self, SourceError};
+
+const COMPONENT: &str = "virtplug-node";
+
+/// What the agent remembers about volumes that are not attached yet (in memory only: after a
+/// restart the deadline simply starts again).
+#[derive(Default)]
+pub struct Volumes {
+    waiting: HashMap<String, Waiting>,
+}
+
+struct Waiting {
+    since: Instant,
+    attempts: u32,
+    reported_failed: bool,
+}
+
+/// The loop device whose backing file is `backing`, from sysfs (the same lookup the
+/// provisioner uses to find its devices again).
+fn loop_device_of(backing: &Path) -> Option<PathBuf> {
+    let backing = backing.canonicalize().ok()?;
+    std::fs::read_dir("/sys/block").ok()?.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.strip_prefix("loop")?.parse::<u32>().ok()?;
+        let b = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+        (Path::new(b.trim_end_matches('\n')) == backing).then(|| PathBuf::from(format!("/dev/{name}")))
+    })
+}
+
+/// The claim `claim` in `ns`, if it is ready to be used: bound and, for a DataVolume, imported.
+async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PersistentVolumeClaim, SourceError> {
+    source::check_name("claim name", claim)?;
+    let api_err = |e: kube::Error| SourceError::NotReady(format!("cannot read claim {claim}: {e}"));
+    if data_volume {
+        let dvs: Api<DataVolume> = Api::namespaced(shared.client.clone(), ns);
+        let dv = dvs
+            .get_opt(claim)
+            .await
+            .map_err(api_err)?
+            .ok_or_else(|| SourceError::NotReady(format!("DataVolume {claim} does not exist")))?;
+        let st = dv.status.unwrap_or_default();
+        if st.phase.as_deref() != Some("Succeeded") {
+            return Err(SourceError::NotReady(format!(
+                "DataVolume {claim} is {} ({})",
+                st.phase.as_deref().unwrap_or("Pending"),
+                st.progress.as_deref().unwrap_or("N/A")
+            )));
+        }
+    }
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(shared.client.clone(), ns);
+    let pvc = pvcs.get_opt(claim).await.map_err(api_err)?.ok_or_else(|| SourceError::NotReady(format!("claim {claim} does not exist")))?;
+    if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        return Err(SourceError::NotReady(format!("claim {claim} is not bound yet")));
+    }
+    Ok(pvc)
+}
+
+fn claim_dir(shared: &Shared, pvc: &PersistentVolumeClaim) -> Result<PathBuf, SourceError> {
+    let uid = pvc.uid().ok_or_else(|| SourceError::NotReady("claim has no UID".into()))?;
+    // A UID is a UUID; anything else never becomes a path component.
+    if uid.is_empty() || !uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        return Err(SourceError::Refused(format!("claim UID {uid:?} is not a UUID")));
+    }
+    Ok(shared.config.storage_root.join(uid))
+}
+
+fn is_block(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
+}
+
+/// The host path of a claim (for volumes present from boot, which QEMU opens by path).
+///
+/// # Errors
+/// When the claim is not ready or its data is not there.
+pub async fn claim_path(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PathBuf, SourceError> {
+    let pvc = ready_claim(shared, ns, claim, data_volume).await?;
+    let dir = claim_dir(shared, &pvc)?;
+    if is_block(&pvc) {
+        loop_device_of(&dir.join("block.img")).ok_or_else(|| SourceError::NotReady(format!("claim {claim} has no loop device yet")))
+    } else {
+        Ok(dir.join("disk.img"))
+    }
+}
+
+/// Opens the source of a hot-plug volume.
+async fn open(shared: &Shared, ns: &str, volume: &Volume, readonly: bool) -> Result<source::Opened, SourceError> {
+    source::check_name("volume name", &volume.name)?;
+    let (claim, dv) = match (&volume.persistent_volume_claim, &volume.data_volume) {
+        (Some(p), _) => (p.claim_name.clone(), false),
+        (None, Some(d)) => (d.name.clone(), true),
+        _ => return Err(SourceError::Refused(format!("volume {} has no claim or DataVolume", volume.name))),
+    };
+    let pvc = ready_claim(shared, ns, &claim, dv).await?;
+    let dir = claim_dir(shared, &pvc)?;
+    tokio::task::spawn_blocking(move || {
+        if is_block(&pvc) {
+            let backing = dir.join("block.img");
+            source::open_block(loop_device_of(&backing), &backing, readonly)
+        } else {
+            source::open_image(&dir, readonly)
+        }
+    })
+    .await
+    .map_err(|e| SourceError::NotReady(e.to_string()))?
+}
+
+/// One change to a `volumeStatus` entry.
+enum Change {
+    Set { name: String, phase: &'static str, reason: &'static str, message: String },
+    Remove(String),
+}
+
+async fn write(shared: &Shared, vmi: &VirtualMachineInstance, changes: Vec<Change>) {
+    if changes.is_empty() {
+        return;
+    }
+    let api: Api<VirtualMachineInstance> = Api::namespaced(shared.client.clone(), &vmi.namespace().unwrap_or_default());
+    let r = client::update_status(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
+        let st = v.status.get_or_insert_with(Default::default);
+        for c in &changes {
+            match c {
+                Change::Set { name, phase, reason, message } => {
+                    let idx = match st.volume_status.iter().position(|e| &e.name == name) {
+                        Some(i) => i,
+                        None => {
+                            st.volume_status.push(VolumeStatus {
+                                name: name.clone(),
+                                hotplug_volume: Some(HotplugVolumeStatus::default()),
+                                ..VolumeStatus::default()
+                            });
+                            st.volume_status.len() - 1
+                        }
+                    };
+                    st.volume_status[idx].transition(phase, reason, message);
+                }
+                Change::Remove(name) => st.volume_status.retain(|e| &e.name != name),
+            }
+        }
+    })
+    .await;
+    if let Err(e) = r {
+        tracing::warn!("VMI {}/{}: cannot write volumeStatus: {e}", vmi.namespace().unwrap_or_default(), vmi.name_any());
+    }
+}
+
+fn entry<'a>(vmi: &'a VirtualMachineInstance, name: &str) -> Option<&'a VolumeStatus> {
+    vmi.status.as_ref()?.volume_status.iter().find(|e| e.name == name)
+}
+
+/// Reconciles the VMI's hot-plug volumes with QEMU. Returns when to retry if something waits.
+pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &Machine, volumes: &mut Volumes) -> Option<Duration> {
+    let ns = vmi.namespace().unwrap_or_default();
+    let object = format!("{ns}/{}", vmi.name_any());
+    let wanted: Vec<(&Volume, &Disk)> = vmi
+        .spec
+        .volumes
+        .iter()
+        .filter(|v| v.is_hotpluggable())
+        .filter_map(|v| vmi.spec.domain.devices.disks.iter().find(|d| d.name == v.name).map(|d| (v, d)))
+        .collect();
+    let attached = match machine.attached().await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!("VMI {object}: cannot ask QEMU what is attached: {e}");
+            return Some(shared.config.backoff.cap);
+        }
+    };
+    let drives = machine.drives().await.unwrap_or_default();
+    let mut retry: Option<Duration> = None;
+
+    for (v, d) in &wanted {
+        let is_cdrom = d.kind() == DiskKind::Cdrom;
+        let node = qemu::ops::node_name(&v.name);
+        let present = if is_cdrom {
+            drives.iter().any(|dr| dr.id == d.name && dr.medium_node.as_deref() == Some(node.as_str()))
+        } else {
+            attached.iter().any(|a| a.volume == v.name)
+        };
+        if present {
+            volumes.waiting.remove(&v.name);
+            if entry(vmi, &v.name).and_then(|e| e.phase.as_deref()) != Some("Ready") {
+                write(
+                    shared,
+                    vmi,
+                    vec![Change::Set {
+                        name: v.name.clone(),
+                        phase: "Ready",
+                        reason: "VolumeReady",
+                        message: "Successfully attach hotplugged volume to VM".into(),
+                    }],
+                )
+                .await;
+            }
+            continue;
+        }
+        let result = async {
+            let opened = open(shared, &ns, v, d.readonly()).await?;
+            write(
+                shared,
+                vmi,
+                vec![Change::Set {
+                    name: v.name.clone(),
+                    phase: "AttachedToNode",
+                    reason: "SuccessfulCreate",
+                    message: format!("opened {}", opened.path.display()),
+                }],
+            )
+            .await;
+            let r = if is_cdrom {
+                machine.insert_medium(&d.name, &v.name, Source::Fd(opened.fd)).await
+            } else {
+                let kind = if d.kind() == DiskKind::Lun { DeviceKind::Lun } else { DeviceKind::Disk };
+                let serial = d.serial.clone().unwrap_or_else(|| v.name.clone());
+                machine.attach(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source: Source::Fd(opened.fd) }).await
+            };
+            r.map_err(|e| SourceError::NotReady(format!("QEMU refused the volume: {}", chain(&e))))
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                volumes.waiting.remove(&v.name);
+                write(
+                    shared,
+                    vmi,
+                    vec![Change::Set {
+                        name: v.name.clone(),
+                        phase: "Ready",
+                        reason: "VolumeReady",
+                        message: "Successfully attach hotplugged volume to VM".into(),
+                    }],
+                )
+                .await;
+                tracing::info!("VMI {object}: volume {} attached", v.name);
+            }
+            Err(e) => {
+                let w =
+                    volumes.waiting.entry(v.name.clone()).or_insert(Waiting { since: Instant::now(), attempts: 0, reported_failed: false });
+                w.attempts += 1;
+                let msg = e.to_string();
+                let overdue = w.since.elapsed() >= shared.config.backoff.deadline || matches!(e, SourceError::Refused(_));
+                let cur = entry(vmi, &v.name);
+                let phase: &'static str = match cur.and_then(|e| e.phase.as_deref()) {
+                    Some("Bound") => "Bound",
+                    Some("AttachedToNode") => "AttachedToNode",
+                    _ => "Pending",
+                };
+                let reason = if overdue {
+                    "HotplugFailed"
+                } else if phase == "Pending" {
+                    "PVCNotReady"
+                } else {
+                    "PVCBound"
+                };
+                if overdue && !w.reported_failed {
+                    w.reported_failed = true;
+                    events::publish(
+                        &shared.client,
+                        COMPONENT,
+                        vmi,
+                        EventType::Warning,
+                        "HotplugFailed",
+                        &format!("volume {}: {msg}", v.name),
+                    )
+                    .await;
+                }
+                if cur.and_then(|e| e.message.as_deref()) != Some(msg.as_str()) || cur.and_then(|e| e.reason.as_deref()) != Some(reason) {
+                    write(shared, vmi, vec![Change::Set { name: v.name.clone(), phase, reason, message: msg }]).await;
+                }
+                let d = shared.config.backoff.delay(w.attempts);
+                retry = Some(retry.map_or(d, |r| r.min(d)));
+            }
+        }
+    }
+
+    // Unplug what QEMU has and the spec no longer wants.
+    let wanted_names: Vec<&str> = wanted.iter().map(|(v, _)| v.name.as_str()).collect();
+    for a in attached.iter().filter(|a| !wanted_names.contains(&a.volume.as_str())) {
+        write(
+            shared,
+            vmi,
+            vec![Change::Set { name: a.volume.clone(), phase: "Detaching", reason: "SuccessfulDelete", message: "unplugging".into() }],
+        )
+        .await;
+        match machine.detach(&a.volume).await {
+            Ok(()) => {
+                write(shared, vmi, vec![Change::Remove(a.volume.clone())]).await;
+                events::publish(
+                    &shared.client,
+                    COMPONENT,
+                    vmi,
+                    EventType::Normal,
+                    "VolumeUnplugged",
+                    &format!("volume {} unplugged", a.volume),
+                )
+                .await;
+                tracing::info!("VMI {object}: volume {} detached", a.volume);
+            }
+            Err(e) => {
+                write(
+                    shared,
+                    vmi,
+                    vec![Change::Set { name: a.volume.clone(), phase: "Detaching", reason: "SuccessfulDelete", message: chain(&e) }],
+                )
+                .await;
+                retry = Some(retry.map_or(shared.config.backoff.base, |r| r.min(shared.config.backoff.base)));
+            }
+        }
+    }
+    let wanted_nodes: Vec<String> = wanted_names.iter().map(|n| qemu::ops::node_name(n)).collect();
+    for dr in &drives {
+        let Some(node) = dr.medium_node.as_deref().filter(|n| n.starts_with("n-") && !wanted_nodes.iter().any(|w| w == n)) else {
+            continue;
+        };
+        // The status entry of the medium, found by its node name (long names are hashed).
+        let medium = vmi
+            .status
+            .as_ref()
+            .and_then(|s| s.volume_status.iter().find(|e| qemu::ops::node_name(&e.name) == node))
+            .map(|e| e.name.clone());
+        if let Some(m) = &medium {
+            write(
+                shared,
+                vmi,
+                vec![Change::Set { name: m.clone(), phase: "Detaching", reason: "SuccessfulDelete", message: "ejecting".into() }],
+            )
+            .await;
+        }
+        match machine.eject(&dr.id).await {
+            Ok(()) => {
+                if let Some(m) = &medium {
+                    write(shared, vmi, vec![Change::Remove(m.clone())]).await;
+                }
+                let what = medium.as_deref().unwrap_or(node);
+                events::publish(
+                    &shared.client,
+                    COMPONENT,
+                    vmi,
+                    EventType::Normal,
+                    "VolumeUnplugged",
+                    &format!("medium {what} ejected from {}", dr.id),
+                )
+                .await;
+            }
+            Err(e) => tracing::warn!("VMI {object}: cannot eject the medium of {}: {}", dr.id, chain(&e)),
+        }
+    }
+    // Entries of hot-plug volumes that are neither wanted nor in QEMU (removed while pending).
+    let stale: Vec<Change> = vmi
+        .status
+        .as_ref()
+        .map(|s| {
+            s.volume_status
+                .iter()
+                .filter(|e| e.hotplug_volume.is_some() && !wanted_names.contains(&e.name.as_str()))
+                .map(|e| e.name.clone())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| {
+            !attached.iter().any(|a| &a.volume == n)
+                && !drives.iter().any(|d| d.medium_node.as_deref() == Some(qemu::ops::node_name(n).as_str()))
+        })
+        .map(|n| {
+            volumes.waiting.remove(&n);
+            Change::Remove(n)
+        })
+        .collect();
+    write(shared, vmi, stale).await;
+    retry
+}
+
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+        cur = e.source();
+    }
+    s
+}

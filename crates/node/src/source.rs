@@ -1,0 +1,163 @@
+//! A volume's source on this node, opened safely for handoff to QEMU.
+//!
+//! # Guarantees
+//! - A claim's data is looked up from the claim's UID under the node's storage root — never
+//!   from a name or an annotation — and names from the API are checked to be DNS-1123 before
+//!   anything else ([`check_name`]): a `..` never reaches a path.
+//! - `disk.img` is opened with `openat2` relative to the claim's directory with
+//!   `RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`: a symlink (even one that
+//!   points inside) is refused, so nothing outside the volume can be opened through it.
+//! - A Block claim's device is opened only if sysfs says its backing file is the claim's
+//!   `block.img`, and `fstat` says it is a block device.
+//! - Every fd is `O_CLOEXEC`, read-only when the disk is (QEMU's open mode must match).
+//!
+//! The device permission check is the `open` itself (the agent's own credentials): no `mknod`,
+//! no device-cgroup rule.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+/// Why a source cannot be opened (yet).
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// Not ready yet: retried (claim not bound, backing not there).
+    #[error("{0}")]
+    NotReady(String),
+    /// Refused for safety or validity: reported, retried only after a change.
+    #[error("{0}")]
+    Refused(String),
+    #[error("cannot open {path}: {source}")]
+    Open { path: PathBuf, source: std::io::Error },
+}
+
+/// Checks that `name` (a volume, claim or DataVolume name from the API) is a DNS-1123 label or
+/// subdomain, so it cannot carry `/` or `..`.
+///
+/// # Errors
+/// `Refused`, naming the field and the value.
+pub fn check_name(field: &str, name: &str) -> Result<(), SourceError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(SourceError::Refused(format!(
+            "{field} {name:?} is not a DNS-1123 name; refusing to use it (it could name a path outside the volume)"
+        )))
+    }
+}
+
+/// An opened source.
+#[derive(Debug)]
+pub struct Opened {
+    pub fd: OwnedFd,
+    /// What was opened (for messages).
+    pub path: PathBuf,
+    pub block: bool,
+}
+
+/// Opens `disk.img` inside `claim_dir` without following any symlink.
+///
+/// # Errors
+/// `NotReady` when it does not exist yet; `Refused` for a symlink or a non-regular file.
+pub fn open_image(claim_dir: &Path, readonly: bool) -> Result<Opened, SourceError> {
+    let path = claim_dir.join("disk.img");
+    let dir = match rustix::fs::open(claim_dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()) {
+        Ok(d) => d,
+        Err(rustix::io::Errno::NOENT) => return Err(SourceError::NotReady(format!("{} does not exist yet", claim_dir.display()))),
+        Err(e) => return Err(SourceError::Open { path: claim_dir.to_owned(), source: e.into() }),
+    };
+    let access = if readonly { OFlags::RDONLY } else { OFlags::RDWR };
+    let resolve = ResolveFlags::IN_ROOT | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let fd = match rustix::fs::openat2(&dir, "disk.img", access | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::empty(), resolve) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Err(SourceError::NotReady(format!("{} does not exist yet", path.display()))),
+        Err(rustix::io::Errno::LOOP) => {
+            return Err(SourceError::Refused(format!(
+                "{} is a symlink; refusing to follow it (it could point outside the volume)",
+                path.display()
+            )));
+        }
+        Err(e) => return Err(SourceError::Open { path, source: e.into() }),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(|e| SourceError::Open { path: path.clone(), source: e.into() })?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(SourceError::Refused(format!("{} is not a regular file; refusing it", path.display())));
+    }
+    Ok(Opened { fd, path, block: false })
+}
+
+/// Opens the loop device whose backing file is `backing`.
+///
+/// # Errors
+/// `NotReady` while no device is attached; `Refused` if the node is not a block device.
+pub fn open_block(device: Option<PathBuf>, backing: &Path, readonly: bool) -> Result<Opened, SourceError> {
+    let Some(dev) = device else {
+        return Err(SourceError::NotReady(format!("no loop device is attached to {} yet", backing.display())));
+    };
+    let access = if readonly { OFlags::RDONLY } else { OFlags::RDWR };
+    let fd = rustix::fs::open(&dev, access | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::empty())
+        .map_err(|e| SourceError::Open { path: dev.clone(), source: e.into() })?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| SourceError::Open { path: dev.clone(), source: e.into() })?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::BlockDevice {
+        return Err(SourceError::Refused(format!("{} is not a block device; refusing it", dev.display())));
+    }
+    Ok(Opened { fd, path: dev, block: true })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_with_dots_slashes_or_capitals_are_refused() {
+        for bad in ["..", "../etc", "a/b", "", "A", "-a", "a..b"] {
+            assert!(matches!(check_name("volume name", bad), Err(SourceError::Refused(m)) if m.contains("volume name")), "{bad:?}");
+        }
+        for good in ["data", "disk-1", "a.b"] {
+            assert!(check_name("volume name", good).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn an_image_opens_with_the_disks_access_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("disk.img"), b"data").unwrap();
+        let rw = open_image(dir.path(), false).unwrap();
+        let flags = rustix::fs::fcntl_getfl(&rw.fd).unwrap();
+        assert!(flags.contains(OFlags::RDWR));
+        let ro = open_image(dir.path(), true).unwrap();
+        assert!(!rustix::fs::fcntl_getfl(&ro.fd).unwrap().contains(OFlags::RDWR));
+        assert!(rustix::io::fcntl_getfd(&ro.fd).unwrap().contains(rustix::io::FdFlags::CLOEXEC));
+    }
+
+    /// The path-safety case of the issue: `disk.img` is a symlink to a file outside the volume.
+    #[test]
+    fn a_symlinked_image_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("disk.img")).unwrap();
+        match open_image(dir.path(), true) {
+            Err(SourceError::Refused(m)) => assert!(m.contains("symlink"), "{m}"),
+            other => panic!("a symlink must be refused, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_missing_image_is_not_ready_and_a_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(open_image(&dir.path().join("nope"), true), Err(SourceError::NotReady(_))));
+        assert!(matches!(open_image(dir.path(), true), Err(SourceError::NotReady(_))));
+        std::fs::create_dir(dir.path().join("disk.img")).unwrap();
+        assert!(matches!(open_image(dir.path(), true), Err(SourceError::Refused(_)) | Err(SourceError::Open { .. })));
+    }
+}

@@ -1,0 +1,341 @@
+//! One VMI on this node: its QEMU and its phase. The worker is the only owner of the VMI's QMP
+//! connection; it runs the hot-plug reconcile ([`crate::hotplug`]) after every wake-up.
+//!
+//! # Phases (KubeVirt's)
+//! `Scheduled` → QEMU launched, QMP connected → `Running`. The guest powering off (QEMU's
+//! `SHUTDOWN` with `guest: true`, then exit) → `Succeeded`; QEMU exiting otherwise → `Failed`
+//! with the reason; a guest reboot raises a `GuestReboot` Event. On deletion the guest gets
+//! `system_powerdown` and the VMI's `terminationGracePeriodSeconds` (default
+//! [`Config::stop_grace`](crate::agent::Config)), then QEMU is stopped by force; the VMI's
+//! finalizer is removed only once QEMU is gone.
+//!
+//! # Wake-ups
+//! A new version of the VMI, a claim/DataVolume change, QEMU's exit (pidfd), and — only while a
+//! volume waits — the backoff timer. Nothing is polled.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::Api;
+use kube::ResourceExt;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+
+use api::kubevirt::{Condition, VirtualMachineInstanceStatus};
+use api::VirtualMachineInstance;
+use client::events::{self, EventType};
+use qemu::ops::Machine;
+use qemu::process::Process;
+use qemu::qmp::Qmp;
+
+use crate::agent::Shared;
+use crate::hotplug::Volumes;
+
+/// VMI finalizer the agent removes once QEMU is gone.
+pub const FINALIZER: &str = "kubevirt.io/foregroundDeleteVirtualMachine";
+const COMPONENT: &str = "virtplug-node";
+
+/// A running QEMU and what the worker knows of it.
+struct Live {
+    process: Process,
+    machine: Machine,
+    /// Set by the event reader: the guest asked to power off.
+    guest_shutdown: Arc<Mutex<bool>>,
+    exited: tokio::task::JoinHandle<()>,
+    events: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.exited.abort();
+        self.events.abort();
+    }
+}
+
+fn phase(vmi: &VirtualMachineInstance) -> &str {
+    vmi.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
+}
+
+async fn set_phase(shared: &Shared, vmi: &VirtualMachineInstance, phase: &str, reason: Option<&str>, message: &str) {
+    let api: Api<VirtualMachineInstance> = Api::namespaced(shared.client.clone(), &vmi.namespace().unwrap_or_default());
+    let r = client::update_status(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
+        let s = v.status.get_or_insert_with(VirtualMachineInstanceStatus::default);
+        s.phase = Some(phase.to_owned());
+        s.reason = reason.map(str::to_owned);
+        let ready = phase == "Running";
+        let c = Condition {
+            type_: "Ready".into(),
+            status: if ready { "True" } else { "False" }.into(),
+            reason: if ready { None } else { Some(reason.unwrap_or(phase).to_owned()) },
+            message: Some(message.to_owned()),
+            last_transition_time: Some(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+            ..Condition::default()
+        };
+        match s.conditions.iter_mut().find(|x| x.type_ == "Ready") {
+            Some(x) if x.status == c.status => x.message = c.message.clone(),
+            Some(x) => *x = c,
+            None => s.conditions.push(c),
+        }
+    })
+    .await;
+    if let Err(e) = r {
+        tracing::warn!("VMI {}/{}: cannot set phase {phase}: {e}", vmi.namespace().unwrap_or_default(), vmi.name_any());
+    }
+}
+
+/// Waits until the process exits (readability of its pidfd).
+fn watch_exit(pid: i32) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let Some(pid) = rustix::process::Pid::from_raw(pid) else { return };
+        let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::NONBLOCK) else { return };
+        // `new` is deprecated for fds the AsyncFd does not own (they could be closed while
+        // registered); this one owns its OwnedFd, which closes only when it is dropped.
+        #[allow(deprecated)]
+        let Ok(afd) = AsyncFd::new(fd) else {
+            return;
+        };
+        let _ = afd.readable().await;
+    })
+}
+
+/// Reads QEMU's events: remembers a guest-initiated shutdown, reports reboots.
+fn read_events(shared: Arc<Shared>, vmi: Arc<VirtualMachineInstance>, qmp: &Qmp, flag: Arc<Mutex<bool>>) -> tokio::task::JoinHandle<()> {
+    let mut rx = qmp.events();
+    tokio::spawn(async move {
+        loop {
+            match rx.recv().await {
+                Ok(e) if e.name == "SHUTDOWN" => {
+                    if e.data.get("guest").and_then(serde_json::Value::as_bool) == Some(true) {
+                        *flag.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+                    }
+                }
+                Ok(e) if e.name == "RESET" && e.data.get("guest").and_then(serde_json::Value::as_bool) == Some(true) => {
+                    events::publish(&shared.client, COMPONENT, vmi.as_ref(), EventType::Normal, "GuestReboot", "the guest rebooted").await;
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    })
+}
+
+async fn connect(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, process: Process) -> Result<Live, String> {
+    let qmp = Qmp::connect_within(&process.run_dir.join("qmp.sock"), Duration::from_secs(10))
+        .await
+        .map_err(|e| format!("cannot reach QEMU's QMP socket: {e}"))?;
+    let flag = Arc::new(Mutex::new(false));
+    let events = read_events(Arc::clone(shared), Arc::clone(vmi), &qmp, Arc::clone(&flag));
+    Ok(Live { exited: watch_exit(process.pid), process, machine: Machine::new(qmp), guest_shutdown: flag, events })
+}
+
+/// The host paths of the volumes present from boot (not hot-pluggable).
+async fn boot_sources(shared: &Shared, vmi: &VirtualMachineInstance, run_dir: &Path) -> Result<HashMap<String, PathBuf>, String> {
+    let mut out = HashMap::new();
+    let ns = vmi.namespace().unwrap_or_default();
+    for v in vmi.spec.volumes.iter().filter(|v| !v.is_hotpluggable()) {
+        if let Some(e) = &v.empty_disk {
+            let mib = qemu::cmdline::quantity_mib(&e.capacity.0, "emptyDisk.capacity").map_err(|e| e.to_string())?;
+            let path = run_dir.join(format!("empty-{}.img", v.name));
+            crate::source::check_name("volume name", &v.name).map_err(|e| e.to_string())?;
+            if !path.exists() {
+                let f = std::fs::File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                f.set_len(mib << 20).map_err(|e| format!("cannot size {}: {e}", path.display()))?;
+            }
+            out.insert(v.name.clone(), path);
+            continue;
+        }
+        let claim =
+            v.persistent_volume_claim.as_ref().map(|p| p.claim_name.clone()).or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()));
+        if let Some(claim) = claim {
+            let path = crate::hotplug::claim_path(shared, &ns, &claim, v.data_volume.is_some()).await.map_err(|e| e.to_string())?;
+            out.insert(v.name.clone(), path);
+        }
+    }
+    Ok(out)
+}
+
+async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir: &Path) -> Result<Live, String> {
+    std::fs::create_dir_all(run_dir).map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+    let record = crate::checkpoint::VmiRecord {
+        namespace: vmi.namespace().unwrap_or_default(),
+        name: vmi.name_any(),
+        uid: vmi.uid().unwrap_or_default(),
+    };
+    crate::checkpoint::write_record(run_dir, &record).map_err(|e| e.to_string())?;
+    let sources = boot_sources(shared, vmi, run_dir).await?;
+    let name = format!("{}_{}", record.namespace, record.name);
+    let spec =
+        qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, |v| sources.get(&v.name).cloned()).map_err(|e| e.to_string())?;
+    let process = qemu::process::launch(&spec).await.map_err(|e| provisioner_chain(&e))?;
+    tracing::info!("VMI {}/{}: QEMU {} started", record.namespace, record.name, process.pid);
+    connect(shared, vmi, process).await
+}
+
+fn provisioner_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+        cur = e.source();
+    }
+    s
+}
+
+/// Stops the QEMU of `run_dir` (a VMI that is gone) and removes the dir.
+pub async fn stop_orphan(run_dir: &Path) {
+    if let Ok(p) = qemu::process::adopt(run_dir) {
+        if let Ok(qmp) = Qmp::connect_within(&run_dir.join("qmp.sock"), Duration::from_secs(5)).await {
+            Machine::new(qmp).quit().await;
+        }
+        if !p.wait_gone(Duration::from_secs(5)).await {
+            p.kill().await;
+        }
+    }
+    let _ = std::fs::remove_dir_all(run_dir);
+}
+
+async fn stop(live: Live, grace: Duration) {
+    let gone = match live.machine.powerdown(grace).await {
+        Ok(true) => live.process.wait_gone(Duration::from_secs(5)).await,
+        _ => false,
+    };
+    if !gone {
+        live.machine.quit().await;
+        if !live.process.wait_gone(Duration::from_secs(5)).await {
+            live.process.kill().await;
+        }
+    }
+}
+
+async fn remove_finalizer(shared: &Shared, vmi: &VirtualMachineInstance) {
+    let api: Api<VirtualMachineInstance> = Api::namespaced(shared.client.clone(), &vmi.namespace().unwrap_or_default());
+    let r = client::update(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
+        if let Some(f) = v.metadata.finalizers.as_mut() {
+            f.retain(|x| x != FINALIZER);
+        }
+    })
+    .await;
+    match r {
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => tracing::warn!("VMI {}/{}: cannot remove its finalizer: {e}", vmi.namespace().unwrap_or_default(), vmi.name_any()),
+    }
+}
+
+/// Runs the worker of VMI `uid` until the VMI is gone (QEMU stopped) or the agent stops (QEMU
+/// left running).
+pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Option<Arc<VirtualMachineInstance>>>) {
+    let run_dir = shared.config.state_dir.join("vmis").join(&uid);
+    let mut live: Option<Live> = None;
+    let mut volumes = Volumes::default();
+    let mut last: Option<Arc<VirtualMachineInstance>>;
+    loop {
+        let current = rx.borrow_and_update().clone();
+        let Some(vmi) = current else {
+            // The VMI object is gone entirely (its finalizer was removed elsewhere).
+            if let Some(l) = live.take() {
+                stop(l, Duration::from_secs(1)).await;
+            }
+            let _ = std::fs::remove_dir_all(&run_dir);
+            return;
+        };
+        last = Some(Arc::clone(&vmi));
+        if vmi.metadata.deletion_timestamp.is_some() {
+            let grace = vmi
+                .spec
+                .extra
+                .get("terminationGracePeriodSeconds")
+                .and_then(serde_json::Value::as_u64)
+                .map_or(shared.config.stop_grace, Duration::from_secs);
+            if let Some(l) = live.take() {
+                tracing::info!(
+                    "VMI {}/{} is deleted: stopping its QEMU (grace {grace:?})",
+                    vmi.namespace().unwrap_or_default(),
+                    vmi.name_any()
+                );
+                stop(l, grace).await;
+            } else if let Ok(p) = qemu::process::adopt(&run_dir) {
+                p.kill().await;
+            }
+            let _ = std::fs::remove_dir_all(&run_dir);
+            remove_finalizer(&shared, &vmi).await;
+            return;
+        }
+
+        if live.is_none() {
+            match qemu::process::adopt(&run_dir) {
+                Ok(p) => match connect(&shared, &vmi, p).await {
+                    Ok(l) => {
+                        tracing::info!("VMI {}/{}: adopted QEMU {}", vmi.namespace().unwrap_or_default(), vmi.name_any(), l.process.pid);
+                        live = Some(l);
+                    }
+                    Err(e) => tracing::warn!("VMI {}/{}: {e}", vmi.namespace().unwrap_or_default(), vmi.name_any()),
+                },
+                Err(_) => match phase(&vmi) {
+                    "Scheduled" => match launch(&shared, &vmi, &run_dir).await {
+                        Ok(l) => live = Some(l),
+                        Err(e) => {
+                            set_phase(&shared, &vmi, "Failed", Some("LaunchFailed"), &e).await;
+                            events::publish(&shared.client, COMPONENT, vmi.as_ref(), EventType::Warning, "LaunchFailed", &e).await;
+                        }
+                    },
+                    "Running" => {
+                        set_phase(&shared, &vmi, "Failed", Some("QEMUGone"), "QEMU exited while the node agent was not running").await;
+                    }
+                    _ => {}
+                },
+            }
+            if live.is_some() && phase(&vmi) != "Running" {
+                set_phase(&shared, &vmi, "Running", None, "QEMU is running").await;
+            }
+        }
+
+        let retry = match &live {
+            Some(l) if phase(&vmi) == "Running" => crate::hotplug::reconcile(&shared, &vmi, &l.machine, &mut volumes).await,
+            _ => None,
+        };
+
+        let exited = async {
+            match live.as_mut() {
+                Some(l) => {
+                    let _ = (&mut l.exited).await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let timer = async {
+            match retry {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return; // the agent stops: the VM keeps running for the next agent
+                }
+            }
+            () = shared.storage_changed.notified() => {}
+            () = exited => {
+                if let Some(l) = live.take() {
+                    let by_guest = *l.guest_shutdown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if let Some(v) = &last {
+                        if by_guest {
+                            set_phase(&shared, v, "Succeeded", Some("GuestShutdown"), "the guest powered off").await;
+                        } else {
+                            let msg = "QEMU exited without a guest shutdown (crash or killed); see serial.log in the VMI's run dir";
+                            set_phase(&shared, v, "Failed", Some("QEMUExited"), msg).await;
+                            events::publish(&shared.client, COMPONENT, v.as_ref(), EventType::Warning, "VMICrashed", msg).await;
+                        }
+                    }
+                    volumes = Volumes::default();
+                }
+            }
+            () = timer => {}
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! The node agent with real QEMU (TCG) and the test guest, the real controller and provisioner,
+//! and the real embedded API server: hot-plug by fd handoff seen from inside the guest, the
+//! phases of `volumeStatus`, agent restarts, and the seed bug (nothing left mounted, storage
+//! free the moment QEMU is gone).
+//!
+//! Every QEMU the agent starts for a test is killed by PID when the test ends (pass or fail);
+//! loop devices under the test's storage root are detached; mounts the test made are unmounted.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::TestServer;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+use api::{VirtualMachine, VirtualMachineInstance};
+
+const BOOT: Duration = Duration::from_secs(120);
+const SEE: Duration = Duration::from_secs(60);
+
+fn guest_dir() -> PathBuf {
+    let dir = std::env::var_os("VIRTPLUG_GUEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/guest"), PathBuf::from);
+    assert!(dir.join("vmlinuz").is_file(), "no test guest in {}: run scripts/build-test-guest.sh", dir.display());
+    dir.canonicalize().unwrap()
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+struct Env {
+    s: TestServer,
+    dir: tempfile::TempDir,
+    vms: Api<VirtualMachine>,
+    vmis: Api<VirtualMachineInstance>,
+    pvcs: Api<PersistentVolumeClaim>,
+    ctl: tokio::task::JoinHandle<()>,
+    agent: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.ctl.abort();
+        if let Some(a) = self.agent.take() {
+            a.abort();
+        }
+        // Kill by PID only the QEMUs started for this test (their run dirs are ours).
+        for dir in std::fs::read_dir(self.state_dir().join("vmis")).into_iter().flatten().flatten() {
+            if let Ok(p) = qemu::process::adopt(&dir.path()) {
+                if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+        }
+        for (dev, _) in controller::storage::loopdev::under(&self.storage_root()) {
+            let _ = controller::storage::loopdev::detach(&dev);
+        }
+    }
+}
+
+impl Env {
+    async fn start() -> Env {
+        let s = TestServer::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("storage")).unwrap();
+        let config = controller::run::Config { storage_root: Some(dir.path().join("storage")), ..Default::default() };
+        let ctl = tokio::spawn(controller::run::run_with(client::in_process(s.server.local_router()), config));
+        let mut e = Env {
+            vms: Api::namespaced(s.client.clone(), "default"),
+            vmis: Api::namespaced(s.client.clone(), "default"),
+            pvcs: Api::namespaced(s.client.clone(), "default"),
+            s,
+            dir,
+            ctl,
+            agent: None,
+        };
+        e.start_agent();
+        e
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("node")
+    }
+
+    fn storage_root(&self) -> PathBuf {
+        self.dir.path().join("storage")
+    }
+
+    fn start_agent(&mut self) {
+        let mut config = node::agent::Config::new("node-t", self.dir.path());
+        config.accel = qemu::accel::Accel::Tcg;
+        config.stop_grace = Duration::from_secs(2);
+        config.backoff =
+            node::backoff::Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(2), deadline: Duration::from_secs(5) };
+        let client = client::in_process(self.s.server.local_router());
+        self.agent = Some(tokio::spawn(async move {
+            node::agent::run(client, config).await.unwrap();
+        }));
+    }
+
+    /// The agent dies (its task is dropped mid-flight, as with `kill -9` of its process): no
+    /// cleanup code of it runs; QEMU is a separate process and keeps running.
+    async fn kill_agent(&mut self) {
+        if let Some(a) = self.agent.take() {
+            a.abort();
+            let _ = a.await;
+        }
+    }
+
+    async fn claim(&self, name: &str, size: &str, mode: &str) -> PersistentVolumeClaim {
+        let c = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+                       "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": mode, "resources": {"requests": {"storage": size}}}});
+        self.pvcs.create(&PostParams::default(), &serde_json::from_value(c).unwrap()).await.unwrap();
+        let pvcs = self.pvcs.clone();
+        common::wait_until(SEE, &format!("claim {name} bound"), || {
+            let pvcs = pvcs.clone();
+            async move { pvcs.get(name).await.ok().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")) }
+        })
+        .await
+    }
+
+    /// Creates a running VM booting the test guest; returns its running VMI.
+    async fn vm(&self, name: &str) -> VirtualMachineInstance {
+        let g = guest_dir();
+        let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
+            "spec": {"runStrategy": "Always", "template": {"spec": {
+                "terminationGracePeriodSeconds": 1,
+                "domain": {"resources": {"requests": {"memory": "256Mi"}}, "devices": {"disks": []},
+                           "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off",
+                               "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}},
+                "volumes": []}}}});
+        self.vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+        let vmis = self.vmis.clone();
+        let vmi = common::wait_until(BOOT, &format!("VMI {name} running"), || {
+            let vmis = vmis.clone();
+            async move {
+                vmis.get_opt(name).await.ok().flatten().filter(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            }
+        })
+        .await;
+        self.see(&vmi, "the guest ready", |l| l.starts_with("VP-READY")).await;
+        vmi
+    }
+
+    fn run_dir(&self, vmi: &VirtualMachineInstance) -> PathBuf {
+        self.state_dir().join("vmis").join(vmi.uid().unwrap())
+    }
+
+    /// Waits for a serial-console line of the VMI's guest matching `pred` (the log QEMU writes).
+    async fn see(&self, vmi: &VirtualMachineInstance, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let log = self.run_dir(vmi).join("serial.log");
+        common::wait_until(SEE, what, || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let hit = text.lines().map(|l| l.trim_end_matches('\r').to_owned()).find(|l| pred(l));
+            async move { hit }
+        })
+        .await
+    }
+
+    fn lines(&self, vmi: &VirtualMachineInstance) -> Vec<String> {
+        std::fs::read_to_string(self.run_dir(vmi).join("serial.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.trim_end_matches('\r').to_owned())
+            .collect()
+    }
+
+    async fn patch_vm(&self, name: &str, ops: Value) {
+        self.vms.patch(name, &PatchParams::default(), &Patch::Json::<()>(serde_json::from_value(ops).unwrap())).await.unwrap();
+    }
+
+    async fn volume_status(&self, name: &str, volume: &str, phase: &str) -> api::kubevirt::VolumeStatus {
+        let vmis = self.vmis.clone();
+        common::wait_until(SEE, &format!("volume {volume} {phase}"), || {
+            let vmis = vmis.clone();
+            async move {
+                vmis.get(name).await.ok()?.status?.volume_status.into_iter().find(|v| v.name == volume && v.phase.as_deref() == Some(phase))
+            }
+        })
+        .await
+    }
+
+    async fn volume_gone(&self, name: &str, volume: &str) {
+        let vmis = self.vmis.clone();
+        common::wait_until(SEE, &format!("volume {volume} gone from volumeStatus"), || {
+            let vmis = vmis.clone();
+            async move { vmis.get(name).await.ok()?.status?.volume_status.iter().all(|v| v.name != volume).then_some(()) }
+        })
+        .await;
+    }
+}
+
+impl Env {
+    /// Adds a hot-plug disk and its volume to the VM's spec (a JSON patch like `kubectl patch
+    /// --type=json`; an empty list is omitted from the object, so the first add creates it).
+    async fn add(&self, vm: &str, volume: &str, claim: &str) {
+        let cur = serde_json::to_value(self.vms.get(vm).await.unwrap()).unwrap();
+        let path = |list: &str| {
+            let ptr = format!("/spec/template/spec{list}");
+            if cur.pointer(&ptr).and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+                (format!("{ptr}/-"), false)
+            } else {
+                (ptr, true)
+            }
+        };
+        let disk = json!({"name": volume, "disk": {"bus": "scsi"}, "serial": volume});
+        let vol = json!({"name": volume, "persistentVolumeClaim": {"claimName": claim, "hotpluggable": true}});
+        let (dp, dnew) = path("/domain/devices/disks");
+        let (vp, vnew) = path("/volumes");
+        self.patch_vm(
+            vm,
+            json!([
+                {"op": "add", "path": dp, "value": if dnew { json!([disk]) } else { disk }},
+                {"op": "add", "path": vp, "value": if vnew { json!([vol]) } else { vol }}
+            ]),
+        )
+        .await;
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The device name in a `BLOCK+ sdX ...` line.
+fn dev_of(line: &str) -> String {
+    line.split_whitespace().nth(1).unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filesystem_and_block_claims_plug_into_a_running_guest_and_unplug() {
+    let e = Env::start().await;
+    let fs = e.claim("fsdata", "64Mi", "Filesystem").await;
+    let fs_img = Path::new(&fs.metadata.annotations.as_ref().unwrap()["virtplug.io/local-path"]).join("disk.img");
+    std::fs::write(&fs_img, b"VP-FILESYSTEM-01").unwrap();
+    std::fs::File::options().write(true).open(&fs_img).unwrap().set_len(64 << 20).unwrap();
+    let block = if is_root() {
+        let b = e.claim("blkdata", "32Mi", "Block").await;
+        let dev = PathBuf::from(&b.metadata.annotations.as_ref().unwrap()["virtplug.io/loop-device"]);
+        std::io::Write::write_all(&mut std::fs::File::options().write(true).open(&dev).unwrap(), b"VP-BLOCKDEVICE01").unwrap();
+        true
+    } else {
+        eprintln!("not root: the Block claim is left out (loop devices need root)");
+        false
+    };
+
+    let vmi = e.vm("guest").await;
+    e.add("guest", "fsdata", "fsdata").await;
+    if block {
+        e.add("guest", "blkdata", "blkdata").await;
+    }
+
+    // From inside the guest: both disks, with the claim's size and content, by serial.
+    let fs_line = e.see(&vmi, "the Filesystem claim in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.fsdata")).await;
+    assert!(fs_line.contains(&format!(" {} ", 64u64 << 20 >> 9)), "64 MiB in 512-byte sectors: {fs_line}");
+    assert!(fs_line.contains(&hex(b"VP-FILESYSTEM-01")), "the claim's bytes: {fs_line}");
+    let blk_line = if block {
+        let l = e.see(&vmi, "the Block claim in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.blkdata")).await;
+        assert!(l.contains(&format!(" {} ", 32u64 << 20 >> 9)), "32 MiB: {l}");
+        assert!(l.contains(&hex(b"VP-BLOCKDEVICE01")), "the device's bytes: {l}");
+        Some(l)
+    } else {
+        None
+    };
+
+    // volumeStatus walked Bound → AttachedToNode → Ready, with a timestamp per phase.
+    let st = e.volume_status("guest", "fsdata", "Ready").await;
+    let (bound, attached, ready) = (st.entered("Bound").unwrap(), st.entered("AttachedToNode").unwrap(), st.entered("Ready").unwrap());
+    assert!(bound <= attached && attached <= ready, "{st:?}");
+    assert_eq!(st.reason.as_deref(), Some("VolumeReady"));
+    assert_eq!(st.persistent_volume_claim_info.as_ref().unwrap().claim_name.as_deref(), Some("fsdata"));
+    if block {
+        e.volume_status("guest", "blkdata", "Ready").await;
+    }
+
+    // Removed from the spec: the guest loses them, the entries go with a VolumeUnplugged Event.
+    let names: Vec<String> = e.vms.get("guest").await.unwrap().spec.template.spec.unwrap().volumes.iter().map(|v| v.name.clone()).collect();
+    let mut ops = Vec::new();
+    for i in (0..names.len()).rev() {
+        ops.push(json!({"op": "remove", "path": format!("/spec/template/spec/volumes/{i}")}));
+        ops.push(json!({"op": "remove", "path": format!("/spec/template/spec/domain/devices/disks/{i}")}));
+    }
+    e.patch_vm("guest", Value::Array(ops)).await;
+    let fs_dev = dev_of(&fs_line);
+    e.see(&vmi, "the Filesystem disk gone", |l| l.starts_with(&format!("BLOCK- {fs_dev} "))).await;
+    if let Some(l) = &blk_line {
+        let d = dev_of(l);
+        e.see(&vmi, "the Block disk gone", |x| x.starts_with(&format!("BLOCK- {d} "))).await;
+        e.volume_gone("guest", "blkdata").await;
+    }
+    e.volume_gone("guest", "fsdata").await;
+    let unplugged = client::events::list(&e.s.client, "default", "guest", "VolumeUnplugged").await.unwrap();
+    assert_eq!(unplugged.len(), if block { 2 } else { 1 });
+
+    // The VM never restarted: same VMI, one boot.
+    assert_eq!(e.vmis.get("guest").await.unwrap().uid(), vmi.uid());
+    assert_eq!(e.lines(&vmi).iter().filter(|l| l.starts_with("VP-READY")).count(), 1);
+
+    // Stopped: QEMU goes, then the VMI (the agent removed the finalizer).
+    let pid = qemu::process::adopt(&e.run_dir(&vmi)).unwrap();
+    e.vms.delete("guest", &DeleteParams::default()).await.unwrap();
+    common::wait_until(SEE, "the VMI gone", || {
+        let vmis = e.vmis.clone();
+        async move { matches!(vmis.get_opt("guest").await, Ok(None)).then_some(()) }
+    })
+    .await;
+    assert!(!pid.alive(), "QEMU stopped");
+    assert!(!e.run_dir(&vmi).exists(), "its run dir removed");
+}
+
+/// Restart safety: the agent dies with a VM running; the VM spec changes meanwhile; a new
+/// agent adopts the same QEMU (no restart of the guest), plugs what was added, and a VM
+/// deleted while no agent ran is stopped by the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_agent_adopts_running_vms_and_catches_up() {
+    let mut e = Env::start().await;
+    e.claim("late", "16Mi", "Filesystem").await;
+    let vmi = e.vm("keep").await;
+    let qemu_before = qemu::process::adopt(&e.run_dir(&vmi)).unwrap();
+
+    e.kill_agent().await;
+    e.add("keep", "late", "late").await;
+    // With no agent, nothing is plugged (the controller did its part: the VMI spec has it).
+    let vmis = e.vmis.clone();
+    common::wait_until(SEE, "the VMI spec to carry the volume", || {
+        let vmis = vmis.clone();
+        async move { vmis.get("keep").await.ok().filter(|v| v.spec.volumes.iter().any(|x| x.name == "late")) }
+    })
+    .await;
+    assert!(!e.lines(&vmi).iter().any(|l| l.contains("id=serial.late")));
+
+    e.start_agent();
+    e.see(&vmi, "the volume added while the agent was down", |l| l.starts_with("BLOCK+") && l.contains("id=serial.late")).await;
+    e.volume_status("keep", "late", "Ready").await;
+    let qemu_after = qemu::process::adopt(&e.run_dir(&vmi)).unwrap();
+    assert_eq!(qemu_after.pid, qemu_before.pid, "the same QEMU, adopted");
+    assert_eq!(e.lines(&vmi).iter().filter(|l| l.starts_with("VP-READY")).count(), 1, "the guest never rebooted");
+
+    // Deleted while no agent runs: the VMI waits (finalizer); the next agent stops QEMU.
+    e.kill_agent().await;
+    e.vms.delete("keep", &DeleteParams::default()).await.unwrap();
+    let vmis = e.vmis.clone();
+    common::wait_until(SEE, "the VMI marked for deletion", || {
+        let vmis = vmis.clone();
+        async move { vmis.get_opt("keep").await.ok().flatten().filter(|v| v.metadata.deletion_timestamp.is_some()) }
+    })
+    .await;
+    assert!(qemu_after.alive(), "no agent: nothing stops the VM behind its back");
+    e.start_agent();
+    common::wait_until(SEE, "the VMI gone", || {
+        let vmis = e.vmis.clone();
+        async move { matches!(vmis.get_opt("keep").await, Ok(None)).then_some(()) }
+    })
+    .await;
+    assert!(!qemu_after.alive());
+}
