@@ -67,8 +67,11 @@ impl Drop for Env {
 
 impl Env {
     async fn start() -> Env {
+        Self::start_in(tempfile::tempdir().unwrap()).await
+    }
+
+    async fn start_in(dir: tempfile::TempDir) -> Env {
         let s = TestServer::start().await;
-        let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("storage")).unwrap();
         let config = controller::run::Config { storage_root: Some(dir.path().join("storage")), ..Default::default() };
         let ctl = tokio::spawn(controller::run::run_with(client::in_process(s.server.local_router()), config));
@@ -360,4 +363,71 @@ async fn a_new_agent_adopts_running_vms_and_catches_up() {
     })
     .await;
     assert!(!qemu_after.alive());
+}
+
+/// A tmpfs mounted by the test; unmounted (lazily, if still busy) when dropped.
+struct TmpfsMount(PathBuf);
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}
+
+/// Every mount, in any process's namespace, whose mount point or source is under `dir`.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        if !p.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(p.path().join("mountinfo")) else { continue };
+        let Ok(mounts) = node::mountinfo::parse(&text) else { continue };
+        for m in mounts {
+            if m.mount_point.starts_with(dir) || Path::new(&m.source).starts_with(dir) {
+                out.push(format!("pid {}: {} on {}", p.file_name().to_string_lossy(), m.source, m.mount_point.display()));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The seed bug (KubeVirt 2040235), as a test: the claims live on their own filesystem; a disk
+/// is hot-plugged; the node agent is killed, then the VM dies. KubeVirt leaves a bind mount
+/// behind that keeps the filesystem busy forever; here the filesystem unmounts at once, and no
+/// mount made by virtplug exists in any namespace. While QEMU runs, the filesystem cannot be
+/// unmounted (EBUSY): a running VM's disk cannot be yanked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_agent_is_gone_and_the_vm_dies_the_storage_unmounts_at_once() {
+    if !is_root() {
+        eprintln!("skipped: mounting the storage filesystem needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("storage");
+    std::fs::create_dir_all(&storage).unwrap();
+    rustix::mount::mount("tmpfs", &storage, "tmpfs", rustix::mount::MountFlags::empty(), Some(c"size=256m")).unwrap();
+    let mount = TmpfsMount(storage.clone());
+    let mut e = Env::start_in(dir).await;
+    e.claim("seed", "32Mi", "Filesystem").await;
+    let vmi = e.vm("seed").await;
+    e.add("seed", "seed", "seed").await;
+    e.see(&vmi, "the disk in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.seed")).await;
+
+    // While QEMU holds the disk, the filesystem is busy.
+    let busy = rustix::mount::unmount(&storage, rustix::mount::UnmountFlags::empty());
+    assert_eq!(busy, Err(rustix::io::Errno::BUSY), "a running VM's storage must not unmount");
+
+    // The agent is killed; then the VM dies.
+    e.kill_agent().await;
+    let q = qemu::process::adopt(&e.run_dir(&vmi)).unwrap();
+    rustix::process::kill_process(rustix::process::Pid::from_raw(q.pid).unwrap(), rustix::process::Signal::KILL).unwrap();
+    assert!(q.wait_gone(Duration::from_secs(10)).await, "QEMU exits");
+
+    // At once: the first unmount succeeds, and nothing of ours is mounted anywhere.
+    rustix::mount::unmount(&storage, rustix::mount::UnmountFlags::empty()).expect("the storage filesystem unmounts at once");
+    std::mem::forget(mount);
+    assert_eq!(mounts_under(e.dir.path()), Vec::<String>::new(), "no mount left in any namespace");
 }
