@@ -97,11 +97,18 @@ impl Env {
     }
 
     fn start_agent(&mut self) {
+        self.start_agent_with(node::backoff::Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(2),
+            deadline: Duration::from_secs(5),
+        });
+    }
+
+    fn start_agent_with(&mut self, backoff: node::backoff::Backoff) {
         let mut config = node::agent::Config::new("node-t", self.dir.path());
         config.accel = qemu::accel::Accel::Tcg;
         config.stop_grace = Duration::from_secs(2);
-        config.backoff =
-            node::backoff::Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(2), deadline: Duration::from_secs(5) };
+        config.backoff = backoff;
         let client = client::in_process(self.s.server.local_router());
         self.agent = Some(tokio::spawn(async move {
             node::agent::run(client, config).await.unwrap();
@@ -430,4 +437,42 @@ async fn when_the_agent_is_gone_and_the_vm_dies_the_storage_unmounts_at_once() {
     rustix::mount::unmount(&storage, rustix::mount::UnmountFlags::empty()).expect("the storage filesystem unmounts at once");
     std::mem::forget(mount);
     assert_eq!(mounts_under(e.dir.path()), Vec::<String>::new(), "no mount left in any namespace");
+}
+
+/// Storage that becomes ready late: the claim appears 5 s after the volume was added. The
+/// backoff is set to 10 minutes, so only the claim watch can wake the agent in time — and it
+/// attaches the volume; meanwhile the agent created no process (counted by the kernel's
+/// process-event connector: no `findmnt`, no `mount`, nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_whose_storage_appears_late_attaches_on_the_watch_event_without_spawning_anything() {
+    if !is_root() {
+        eprintln!("skipped: counting forks through the proc connector needs root");
+        return;
+    }
+    let mut e = Env::start().await;
+    e.kill_agent().await;
+    let long = Duration::from_secs(600);
+    e.start_agent_with(node::backoff::Backoff { base: long, cap: long, deadline: long });
+    let vmi = e.vm("late").await;
+    let forks = common::forks::ForkCounter::start(std::process::id());
+    e.add("late", "later", "later").await;
+    let waiting = e.volume_status("late", "later", "Pending").await;
+    assert!(waiting.message.as_deref().unwrap_or("").contains("later"), "{waiting:?}");
+    // The scenario's delay (not a synchronisation): the claim is created 5 s later.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    e.claim("later", "16Mi", "Filesystem").await;
+    e.see(&vmi, "the late disk in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.later")).await;
+    e.volume_status("late", "later", "Ready").await;
+    assert_eq!(
+        forks.count(),
+        0,
+        "the node agent (and everything else in this process) created no process while the volume waited and attached"
+    );
+    // Control: the counter does see a process this process creates.
+    std::process::Command::new("true").status().unwrap();
+    common::wait_until(Duration::from_secs(5), "the control fork to be counted", || {
+        let n = forks.count();
+        async move { (n == 1).then_some(()) }
+    })
+    .await;
 }

@@ -102,6 +102,7 @@ pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
 }
 pub mod fakenode;
+pub mod forks;
 pub mod vmops;
 
 /// The kubevirt.io resource of `kind` (`VirtualMachine` or `VirtualMachineInstance`), for
