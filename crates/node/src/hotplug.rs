@@ -315,7 +315,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
         .await;
         match machine.detach(&a.volume).await {
             Ok(()) => {
-                write(shared, vmi, vec![Change::Remove(a.volume.clone())]).await;
+                // The Event first: whoever waits for the entry to go then finds it.
                 events::publish(
                     &shared.client,
                     COMPONENT,
@@ -325,6 +325,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                     &format!("volume {} unplugged", a.volume),
                 )
                 .await;
+                write(shared, vmi, vec![Change::Remove(a.volume.clone())]).await;
                 tracing::info!("VMI {object}: volume {} detached", a.volume);
             }
             Err(e) => {
@@ -359,9 +360,6 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
         }
         match machine.eject(&dr.id).await {
             Ok(()) => {
-                if let Some(m) = &medium {
-                    write(shared, vmi, vec![Change::Remove(m.clone())]).await;
-                }
                 let what = medium.as_deref().unwrap_or(node);
                 events::publish(
                     &shared.client,
@@ -372,6 +370,9 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                     &format!("medium {what} ejected from {}", dr.id),
                 )
                 .await;
+                if let Some(m) = &medium {
+                    write(shared, vmi, vec![Change::Remove(m.clone())]).await;
+                }
             }
             Err(e) => tracing::warn!("VMI {object}: cannot eject the medium of {}: {}", dr.id, chain(&e)),
         }
