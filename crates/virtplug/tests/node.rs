@@ -606,3 +606,77 @@ async fn killing_the_agent_at_random_points_loses_and_leaks_nothing() {
     assert_eq!(controller::storage::loopdev::under(&e.storage_root()).len(), loops_before, "no loop device leaked");
     assert_eq!(mounts_under(e.dir.path()), Vec::<String>::new(), "no mount anywhere");
 }
+
+/// Serves `body` at any path on a loopback port; returns the URL.
+async fn serve_file(body: Vec<u8>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = sock.read(&mut buf).await;
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+                let _ = sock.write_all(head.as_bytes()).await;
+                let _ = sock.write_all(&body).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    format!("http://{addr}/guest.iso")
+}
+
+/// A DataVolume imported over HTTP becomes the medium of the running VM's empty CD-ROM drive
+/// (no device hot-plug: `blockdev-change-medium`), and is ejected when removed from the spec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_iso_becomes_the_medium_of_the_empty_cdrom_drive_and_is_ejected() {
+    let e = Env::start().await;
+    let iso = std::fs::read(guest_dir().join("guest.iso")).unwrap();
+    let url = serve_file(iso.clone()).await;
+    let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "iso"},
+                    "spec": {"source": {"http": {"url": url}}, "storage": {"resources": {"requests": {"storage": "64Mi"}}}}});
+    let dvs: Api<api::DataVolume> = Api::namespaced(e.s.client.clone(), "default");
+    dvs.create(&PostParams::default(), &serde_json::from_value(dv).unwrap()).await.unwrap();
+    let g = guest_dir();
+    let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "cd"},
+        "spec": {"runStrategy": "Always", "template": {"spec": {
+            "terminationGracePeriodSeconds": 1,
+            "domain": {"resources": {"requests": {"memory": "256Mi"}}, "devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}]},
+                       "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off",
+                           "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}}}}}});
+    e.vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+    let vmis = e.vmis.clone();
+    let vmi =
+        common::wait_until(BOOT, "VMI cd running", || {
+            let vmis = vmis.clone();
+            async move {
+                vmis.get_opt("cd").await.ok().flatten().filter(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            }
+        })
+        .await;
+    e.see(&vmi, "the guest ready", |l| l.starts_with("VP-READY")).await;
+
+    e.patch_vm("cd", json!([{"op": "add", "path": "/spec/template/spec/volumes", "value": [{"name": "cd0", "dataVolume": {"name": "iso", "hotpluggable": true}}]}])).await;
+    let line = e.see(&vmi, "the medium in the guest", |l| l.starts_with("MEDIA") && l.contains(" in ")).await;
+    assert!(line.contains(&hex(&iso[..16])), "the ISO's first bytes: {line}");
+    let st = e.volume_status("cd", "cd0", "Ready").await;
+    assert!(st.entered("Ready").is_some());
+
+    e.patch_vm("cd", json!([{"op": "remove", "path": "/spec/template/spec/volumes"}])).await;
+    // The drive reported "out" at boot too: the eject is an "out" after the "in".
+    common::wait_until(SEE, "the medium ejected", || {
+        let lines = e.lines(&vmi);
+        let after_in = lines
+            .iter()
+            .position(|l| l.starts_with("MEDIA") && l.contains(" in "))
+            .map(|i| lines[i + 1..].iter().any(|l| l.starts_with("MEDIA") && l.contains(" out")));
+        async move { (after_in == Some(true)).then_some(()) }
+    })
+    .await;
+    e.volume_gone("cd", "cd0").await;
+    let spec = e.vmis.get("cd").await.unwrap().spec;
+    assert!(spec.domain.devices.disks.iter().any(|d| d.name == "cd0"), "the drive stays");
+    assert_eq!(e.vmis.get("cd").await.unwrap().uid(), vmi.uid(), "no restart");
+}
