@@ -12,6 +12,7 @@
 
 pub mod gc;
 pub mod lifecycle;
+pub mod metrics;
 pub mod objects;
 pub mod openapi;
 pub mod patch;
@@ -72,6 +73,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// Largest request body (Kubernetes' default is 3 MiB).
     pub body_limit: usize,
+    /// The registry `/metrics` serves (with every component's metrics); `None`: 404.
+    pub metrics: Option<metrics::SharedRegistry>,
     /// VM admission enforces [`api::invariants`] (default). Turned off only to model a cluster
     /// without virtplug's admission, where broken specs exist and self-heal must find them.
     pub enforce_invariants: bool,
@@ -81,7 +84,13 @@ impl Config {
     /// Defaults for `data_dir`.
     #[must_use]
     pub fn new(data_dir: &Path) -> Self {
-        Config { data_dir: data_dir.to_owned(), store: StoreConfig::default(), body_limit: 3 * 1024 * 1024, enforce_invariants: true }
+        Config {
+            data_dir: data_dir.to_owned(),
+            store: StoreConfig::default(),
+            body_limit: 3 * 1024 * 1024,
+            metrics: None,
+            enforce_invariants: true,
+        }
     }
 }
 
@@ -113,7 +122,12 @@ impl Server {
             }
         }
         tokio::spawn(gc::run(objects.clone()));
-        let state = Arc::new(routes::ApiState { objects, body_limit: config.body_limit, git_version: GIT_VERSION.to_owned() });
+        let state = Arc::new(routes::ApiState {
+            objects,
+            body_limit: config.body_limit,
+            git_version: GIT_VERSION.to_owned(),
+            metrics: config.metrics.clone(),
+        });
         Ok(Server { state, credentials, data_dir: config.data_dir.clone() })
     }
 

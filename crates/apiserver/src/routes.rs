@@ -26,6 +26,8 @@ pub struct ApiState {
     pub body_limit: usize,
     /// The `gitVersion` reported by `/version`.
     pub git_version: String,
+    /// What `/metrics` serves.
+    pub metrics: Option<crate::metrics::SharedRegistry>,
 }
 
 /// What a REST path names.
@@ -42,10 +44,13 @@ fn json_response(code: StatusCode, v: &Value) -> Response {
 
 /// Entry point for every request.
 pub async fn dispatch(State(st): State<Arc<ApiState>>, req: Request) -> Response {
-    match handle(&st, req).await {
+    let method = req.method().as_str().to_owned();
+    let resp = match handle(&st, req).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
-    }
+    };
+    crate::metrics::get().requests.get_or_create(&crate::metrics::RequestLabels { method, code: resp.status().as_u16().to_string() }).inc();
+    resp
 }
 
 async fn handle(st: &ApiState, req: Request) -> Result<Response, ApiError> {
@@ -69,6 +74,11 @@ async fn handle(st: &ApiState, req: Request) -> Result<Response, ApiError> {
             ));
         }
         (Method::GET, ["healthz" | "readyz" | "livez"]) => return Ok((StatusCode::OK, "ok").into_response()),
+        (Method::GET, ["metrics"]) => {
+            let Some(registry) = &st.metrics else { return Err(ApiError::no_resource()) };
+            let text = crate::metrics::render(registry);
+            return Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response());
+        }
         (Method::GET, ["api"]) => return Ok(json_response(StatusCode::OK, &registry::core_versions())),
         (Method::GET, ["apis"]) => return Ok(json_response(StatusCode::OK, &registry::api_group_list())),
         (Method::GET, ["api", "v1"]) => {

@@ -11,6 +11,7 @@
 
 pub mod hotplug;
 pub mod lifecycle;
+pub mod metrics;
 pub mod migrate;
 pub mod run;
 pub mod selfheal;

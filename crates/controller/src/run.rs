@@ -74,6 +74,12 @@ fn api_err<'a, E: Into<Box<dyn std::error::Error + Send + Sync>>>(object: &'a st
 }
 
 async fn reconcile_vm(vm: Arc<VirtualMachine>, ctx: Arc<Ctx>) -> Result<Action, VmError> {
+    let r = reconcile_vm_once(vm, ctx).await;
+    crate::metrics::count("vm", r.is_ok());
+    r
+}
+
+async fn reconcile_vm_once(vm: Arc<VirtualMachine>, ctx: Arc<Ctx>) -> Result<Action, VmError> {
     let client = &ctx.client;
     let ns = vm.namespace().unwrap_or_default();
     let name = vm.name_any();

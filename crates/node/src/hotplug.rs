@@ -41,6 +41,21 @@ pub struct Volumes {
     waiting: HashMap<String, Waiting>,
 }
 
+impl Volumes {
+    fn forget(&mut self, name: &str) {
+        if self.waiting.remove(name).is_some() {
+            crate::metrics::get().waiting.dec();
+        }
+    }
+}
+
+impl Drop for Volumes {
+    fn drop(&mut self) {
+        let n = i64::try_from(self.waiting.len()).unwrap_or(i64::MAX);
+        crate::metrics::get().waiting.dec_by(n);
+    }
+}
+
 struct Waiting {
     since: Instant,
     attempts: u32,
@@ -209,7 +224,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
             attached.iter().any(|a| a.volume == v.name)
         };
         if present {
-            volumes.waiting.remove(&v.name);
+            volumes.forget(&v.name);
             if entry(vmi, &v.name).and_then(|e| e.phase.as_deref()) != Some("Ready") {
                 write(
                     shared,
@@ -225,8 +240,12 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
             }
             continue;
         }
+        crate::metrics::get().attempts.inc();
+        let started = volumes.waiting.get(&v.name).map_or_else(Instant::now, |w| w.since);
         let result = async {
+            let t = Instant::now();
             let opened = open(shared, &ns, v, d.readonly()).await?;
+            crate::metrics::observe("open", t.elapsed().as_secs_f64());
             write(
                 shared,
                 vmi,
@@ -238,6 +257,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                 }],
             )
             .await;
+            let t = Instant::now();
             let r = if is_cdrom {
                 machine.insert_medium(&d.name, &v.name, Source::Fd(opened.fd)).await
             } else {
@@ -245,12 +265,14 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                 let serial = d.serial.clone().unwrap_or_else(|| v.name.clone());
                 machine.attach(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source: Source::Fd(opened.fd) }).await
             };
+            crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
             r.map_err(|e| SourceError::NotReady(format!("QEMU refused the volume: {}", chain(&e))))
         }
         .await;
         match result {
             Ok(()) => {
-                volumes.waiting.remove(&v.name);
+                crate::metrics::observe("total", started.elapsed().as_secs_f64());
+                volumes.forget(&v.name);
                 write(
                     shared,
                     vmi,
@@ -313,7 +335,10 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
             vec![Change::Set { name: a.volume.clone(), phase: "Detaching", reason: "SuccessfulDelete", message: "unplugging".into() }],
         )
         .await;
-        match machine.detach(&a.volume).await {
+        let t = Instant::now();
+        let detached = machine.detach(&a.volume).await;
+        crate::metrics::observe("unplug", t.elapsed().as_secs_f64());
+        match detached {
             Ok(()) => {
                 // The Event first: whoever waits for the entry to go then finds it.
                 events::publish(
@@ -395,7 +420,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                 && !drives.iter().any(|d| d.medium_node.as_deref() == Some(qemu::ops::node_name(n).as_str()))
         })
         .map(|n| {
-            volumes.waiting.remove(&n);
+            volumes.forget(&n);
             Change::Remove(n)
         })
         .collect();

@@ -15,6 +15,7 @@ pub mod agent;
 pub mod backoff;
 pub mod checkpoint;
 pub mod hotplug;
+pub mod metrics;
 pub mod mountinfo;
 pub mod source;
 pub mod worker;

@@ -185,11 +185,13 @@ fn provisioner_chain(err: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
-/// Stops the QEMU of `run_dir` (a VMI that is gone) and removes the dir.
+/// Stops the QEMU of `run_dir` (a VMI that is gone, or `up --stop-vms-on-exit`) and removes
+/// the dir: SIGTERM (QEMU quits cleanly), then SIGKILL after 5 s; by PID, checked to still be
+/// that QEMU. No QMP: a live worker may hold the one QMP connection.
 pub async fn stop_orphan(run_dir: &Path) {
     if let Ok(p) = qemu::process::adopt(run_dir) {
-        if let Ok(qmp) = Qmp::connect_within(&run_dir.join("qmp.sock"), Duration::from_secs(5)).await {
-            Machine::new(qmp).quit().await;
+        if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
         if !p.wait_gone(Duration::from_secs(5)).await {
             p.kill().await;

@@ -1,6 +1,7 @@
 //! `virtplug`: the one binary. `up` runs the embedded stack; the other subcommands run one
 //! component or talk to a running one.
 
+mod cli;
 mod migrate;
 mod serve;
 
@@ -28,6 +29,34 @@ enum Command {
     Controller(serve::ControllerArgs),
     /// Run the node agent against an API server (this node's VMs under QEMU).
     Node(serve::NodeArgs),
+    /// Create, list, start, stop, restart, delete VMs; attach to a console.
+    Vm {
+        #[command(subcommand)]
+        cmd: cli::Vm,
+        #[command(flatten)]
+        common: cli::Common,
+    },
+    /// Create claims, import images into DataVolumes.
+    Volume {
+        #[command(subcommand)]
+        cmd: cli::Volume,
+        #[command(flatten)]
+        common: cli::Common,
+    },
+    /// Hot-plug a claim or DataVolume into a VM (edits its spec; virtctl's flags).
+    Addvolume {
+        #[command(flatten)]
+        args: cli::AddVolume,
+        #[command(flatten)]
+        common: cli::Common,
+    },
+    /// Unplug a volume from a VM (edits its spec).
+    Removevolume {
+        #[command(flatten)]
+        args: cli::RemoveVolume,
+        #[command(flatten)]
+        common: cli::Common,
+    },
     /// Print the CRD manifests for cluster mode (deploy/crds.yaml).
     Crds,
     /// One-off migrations of a cluster's objects.
@@ -62,6 +91,10 @@ fn main() -> std::process::ExitCode {
             Command::Apiserver(args) => serve::apiserver(args).await,
             Command::Controller(args) => serve::controller(args).await,
             Command::Node(args) => serve::node(args).await,
+            Command::Vm { cmd, common } => cli::vm(cmd, common).await,
+            Command::Volume { cmd, common } => cli::volume(cmd, common).await,
+            Command::Addvolume { args, common } => cli::addvolume(args, common).await,
+            Command::Removevolume { args, common } => cli::removevolume(args, common).await,
             Command::Migrate(m) => match migrate::run(m).await {
                 // Fail closed: anything refused or failed is a non-zero exit.
                 Ok(true) => Ok(()),

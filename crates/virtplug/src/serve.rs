@@ -31,6 +31,51 @@ pub struct UpArgs {
     /// Address of the API's HTTPS listener.
     #[arg(long, default_value = "127.0.0.1:6443")]
     listen: SocketAddr,
+    /// This machine's node name [default: the host name].
+    #[arg(long)]
+    node_name: Option<String>,
+    /// QEMU accelerator: auto (KVM where it can run guests, else TCG), kvm or tcg.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
+    accel: String,
+    /// On SIGINT/SIGTERM also stop the running VMs. By default they keep running and the next
+    /// `up` on the same data dir adopts them.
+    #[arg(long)]
+    stop_vms_on_exit: bool,
+}
+
+/// What `up` runs besides the API server.
+struct UpOptions {
+    node_name: String,
+    accel: qemu::accel::Accel,
+    stop_vms_on_exit: bool,
+}
+
+/// Checks what `up` needs and says what is missing and how to fix it. Errors only for what makes
+/// VMs impossible (no QEMU); the rest is reported.
+fn preflight(accel: qemu::accel::Accel) -> anyhow::Result<()> {
+    let binary = qemu::process::qemu_binary();
+    let found = if binary.components().count() > 1 {
+        binary.is_file().then(|| binary.clone())
+    } else {
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(&binary)).find(|c| c.is_file()))
+    };
+    match found {
+        Some(path) => println!("  QEMU:        {}", path.display()),
+        None => anyhow::bail!(
+            "QEMU ({}) is not installed or not on PATH: run ./scripts/install-deps.sh (installs QEMU 10 from bookworm-backports), \
+             or point VIRTPLUG_QEMU at a qemu-system-x86_64",
+            binary.display()
+        ),
+    }
+    let choice = qemu::accel::resolve(accel);
+    println!("  accelerator: {:?} ({})", choice.accel, choice.reason);
+    let loop_ok = std::fs::OpenOptions::new().read(true).write(true).open("/dev/loop-control").is_ok();
+    if loop_ok {
+        println!("  Block claims: yes (/dev/loop-control is writable)");
+    } else {
+        println!("  Block claims: NO — /dev/loop-control is not writable (run as root, or with CAP_SYS_ADMIN); Filesystem claims work");
+    }
+    Ok(())
 }
 
 /// Arguments of `virtplug node`.
@@ -111,12 +156,31 @@ pub struct ControllerArgs {
 pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
     let mut config = apiserver::Config::new(&args.data_dir);
     config.store.watch_window = args.watch_window;
-    run(config, args.listen, "apiserver").await
+    run(config, args.listen, None).await
+}
+
+/// One registry with every component's metrics, for `/metrics`.
+fn registry() -> apiserver::metrics::SharedRegistry {
+    let mut r = prometheus_client::registry::Registry::default();
+    apiserver::metrics::register(&mut r);
+    client::metrics::register(&mut r);
+    controller::metrics::register(&mut r);
+    node::metrics::register(&mut r);
+    std::sync::Arc::new(std::sync::Mutex::new(r))
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
-    run(apiserver::Config::new(&data_dir), args.listen, "up").await
+    let mut config = apiserver::Config::new(&data_dir);
+    config.metrics = Some(registry());
+    println!("virtplug up: checking prerequisites");
+    preflight(accel(&args.accel))?;
+    let up = UpOptions {
+        node_name: args.node_name.unwrap_or_else(host_name),
+        accel: accel(&args.accel),
+        stop_vms_on_exit: args.stop_vms_on_exit,
+    };
+    run(config, args.listen, Some(up)).await
 }
 
 pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
@@ -137,16 +201,18 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run(config: apiserver::Config, listen: SocketAddr, what: &str) -> anyhow::Result<()> {
+async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions>) -> anyhow::Result<()> {
+    let what = if up.is_some() { "up" } else { "apiserver" };
     let server = apiserver::Server::open(&config, Some(listen))
         .await
         .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
-    if what == "up" {
-        // In-process client: the controller reaches the API without a socket.
+    if let Some(up) = &up {
+        // In-process client: the controller and the node agent reach the API without a socket.
         let client = client::in_process(server.local_router());
         let ctl = controller::run::Config { storage_root: Some(config.data_dir.join("storage")), ..controller::run::Config::default() };
         tokio::spawn(controller::run::run_with(client.clone(), ctl));
-        let node_config = node::agent::Config::new(&host_name(), &config.data_dir);
+        let mut node_config = node::agent::Config::new(&up.node_name, &config.data_dir);
+        node_config.accel = up.accel;
         tokio::spawn(async move {
             if let Err(e) = node::agent::run(client, node_config).await {
                 tracing::error!("the node agent stopped: {e:#}");
@@ -191,6 +257,22 @@ async fn run(config: apiserver::Config, listen: SocketAddr, what: &str) -> anyho
             r?;
             eprintln!("virtplug {what}: shutting down");
             shutdown.cancel();
+            if let Some(up) = &up {
+                let records = node::checkpoint::records(&config.data_dir.join("node").join("vmis"));
+                if up.stop_vms_on_exit {
+                    for (dir, r) in &records {
+                        eprintln!("virtplug up: stopping VM {}/{}", r.namespace, r.name);
+                        node::worker::stop_orphan(dir).await;
+                    }
+                } else if !records.is_empty() {
+                    eprintln!(
+                        "virtplug up: {} VM(s) keep running; the next `virtplug up --data-dir {}` adopts them \
+                         (use --stop-vms-on-exit to stop them with up)",
+                        records.len(),
+                        config.data_dir.display()
+                    );
+                }
+            }
         }
     }
     Ok(())

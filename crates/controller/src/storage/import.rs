@@ -170,6 +170,12 @@ fn backoff(config: &ImportConfig, restarts: i32) -> Duration {
 }
 
 async fn reconcile(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, ImportError> {
+    let r = reconcile_once(dv, ctx).await;
+    crate::metrics::count("datavolume", r.is_ok());
+    r
+}
+
+async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, ImportError> {
     if dv.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }

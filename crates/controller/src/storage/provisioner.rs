@@ -131,6 +131,12 @@ pub fn release(root: &Path, uid: &str, claim: &str) -> Result<(), ProvisionError
 }
 
 async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Action, ProvisionError> {
+    let r = reconcile_once(pvc, ctx).await;
+    crate::metrics::count("claim", r.is_ok());
+    r
+}
+
+async fn reconcile_once(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Action, ProvisionError> {
     if !serves(&pvc) {
         return Ok(Action::await_change());
     }
