@@ -1,0 +1,386 @@
+//! End to end through the binary: `virtplug up` as its own process (API server, controller and
+//! node agent in one), driven by real `kubectl` and by `virtplug`'s CLI, with real QEMU (TCG)
+//! and the test guest. Every assertion about a device is made from inside the guest.
+//!
+//! Each test kills, by PID, the `up` it started and the QEMUs under its data dir, and detaches
+//! the loop devices under its storage root, pass or fail.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+const BOOT: Duration = Duration::from_secs(180);
+const SEE: Duration = Duration::from_secs(90);
+
+fn guest_dir() -> PathBuf {
+    let dir = std::env::var_os("VIRTPLUG_GUEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/guest"), PathBuf::from);
+    assert!(dir.join("vmlinuz").is_file(), "no test guest in {}: run scripts/build-test-guest.sh", dir.display());
+    dir.canonicalize().unwrap()
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+struct Up {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for d in std::fs::read_dir(self.dir.path().join("node/vmis")).into_iter().flatten().flatten() {
+            if let Ok(p) = qemu::process::adopt(&d.path()) {
+                if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+        }
+        for (dev, _) in controller::storage::loopdev::under(&self.dir.path().join("storage")) {
+            let _ = controller::storage::loopdev::detach(&dev);
+        }
+    }
+}
+
+impl Up {
+    fn start() -> Up {
+        let mut up = Up { dir: tempfile::tempdir().unwrap(), child: None };
+        up.spawn();
+        up
+    }
+
+    /// Starts `virtplug up` on this data dir and waits for its first line (the URL).
+    fn spawn(&mut self) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_virtplug"))
+            .args(["up", "--listen", "127.0.0.1:0", "--node-name", "e2e", "--accel", "tcg", "--data-dir"])
+            .arg(self.dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        loop {
+            let l = lines.next().expect("up printed its URL").unwrap();
+            if l.contains("is serving the Kubernetes API at") {
+                break;
+            }
+        }
+        // Keep draining stdout so `up` never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        self.child = Some(child);
+    }
+
+    /// `kill -9` of `up` (API server, controller and agent at once).
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> (bool, String) {
+        let out = Command::new(program).args(args).env("KUBECONFIG", self.kubeconfig()).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        let (ok, out) = self.run("kubectl", args);
+        assert!(ok, "kubectl {args:?}: {out}");
+        out
+    }
+
+    fn virtplug(&self, args: &[&str]) -> String {
+        let (ok, out) = self.run(env!("CARGO_BIN_EXE_virtplug"), args);
+        assert!(ok, "virtplug {args:?}: {out}");
+        out
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        serde_json::from_str(&self.kubectl(&a)).unwrap()
+    }
+
+    /// Creates a running VM booting the test guest (with an empty CD-ROM drive `cd0`).
+    fn vm(&self, name: &str) {
+        let g = guest_dir();
+        let manifest = self.dir.path().join(format!("{name}.json"));
+        let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
+            "spec": {"runStrategy": "Always", "template": {"spec": {
+                "terminationGracePeriodSeconds": 1,
+                "domain": {"resources": {"requests": {"memory": "200Mi"}}, "devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}]},
+                           "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off",
+                               "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}}}}}});
+        std::fs::write(&manifest, vm.to_string()).unwrap();
+        self.kubectl(&["apply", "-f", manifest.to_str().unwrap()]);
+    }
+
+    fn uid(&self, name: &str) -> String {
+        self.json(&["get", "vmi", name])["metadata"]["uid"].as_str().unwrap().to_owned()
+    }
+
+    fn serial_log(&self, uid: &str) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("node/vmis").join(uid).join("serial.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.trim_end_matches('\r').to_owned())
+            .collect()
+    }
+
+    async fn ready(&self, name: &str) -> String {
+        let uid = common::wait_until(BOOT, &format!("VMI {name} running"), || {
+            let (ok, out) = self.run("kubectl", &["get", "vmi", name, "-o", "jsonpath={.status.phase} {.metadata.uid}"]);
+            let r = (ok && out.starts_with("Running ")).then(|| out.split_whitespace().nth(1).unwrap_or_default().to_owned());
+            async move { r }
+        })
+        .await;
+        self.see(&uid, "the guest ready", |l| l.starts_with("VP-READY")).await;
+        uid
+    }
+
+    async fn see(&self, uid: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        common::wait_until(SEE, what, || {
+            let hit = self.serial_log(uid).into_iter().find(|l| pred(l));
+            async move { hit }
+        })
+        .await
+    }
+
+    /// The guest's current hot-plugged disks by serial.
+    fn guest_disks(&self, uid: &str) -> BTreeSet<String> {
+        let mut by_dev = std::collections::BTreeMap::new();
+        for l in self.serial_log(uid) {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            match w.first() {
+                Some(&"BLOCK+") => {
+                    if let Some(id) = w.iter().find_map(|t| t.strip_prefix("id=serial.")) {
+                        by_dev.insert(w[1].to_owned(), id.to_owned());
+                    }
+                }
+                Some(&"BLOCK-") => {
+                    by_dev.remove(w[1]);
+                }
+                _ => {}
+            }
+        }
+        by_dev.into_values().collect()
+    }
+
+    async fn guest_has(&self, uid: &str, want: &[&str]) {
+        let want: BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
+        common::wait_until(SEE, &format!("the guest to have exactly {want:?}"), || {
+            let ok = self.guest_disks(uid) == want;
+            async move { ok.then_some(()) }
+        })
+        .await;
+    }
+
+    fn claim(&self, name: &str, size: &str, mode: &str) {
+        self.virtplug(&["volume", "create", name, "--size", size, "--mode", mode, "--wait"]);
+    }
+}
+
+fn plug_patch(vols: &[(&str, &str)]) -> String {
+    let disks: Vec<Value> = vols.iter().map(|(v, _)| json!({"name": v, "disk": {"bus": "scsi"}, "serial": v})).collect();
+    let volumes: Vec<Value> =
+        vols.iter().map(|(v, c)| json!({"name": v, "persistentVolumeClaim": {"claimName": c, "hotpluggable": true}})).collect();
+    let mut all_disks = vec![json!({"name": "cd0", "cdrom": {"bus": "sata"}})];
+    all_disks.extend(disks);
+    json!({"spec": {"template": {"spec": {"domain": {"devices": {"disks": all_disks}}, "volumes": volumes}}}}).to_string()
+}
+
+/// 1. `kubectl patch` adds a Filesystem and a Block claim to a running VM's spec; the guest sees
+///    both; removing them, the guest loses both; the VM never restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_patch_plugs_and_unplugs_filesystem_and_block_claims() {
+    let up = Up::start();
+    up.claim("fs", "64Mi", "Filesystem");
+    let block = is_root();
+    if block {
+        up.claim("blk", "32Mi", "Block");
+    }
+    up.vm("p1");
+    let uid = up.ready("p1").await;
+    let vols: Vec<(&str, &str)> = if block { vec![("fs", "fs"), ("blk", "blk")] } else { vec![("fs", "fs")] };
+    up.kubectl(&["patch", "vm", "p1", "--type=merge", "-p", &plug_patch(&vols)]);
+    up.guest_has(&uid, &vols.iter().map(|(v, _)| *v).collect::<Vec<_>>()).await;
+    up.kubectl(&["patch", "vm", "p1", "--type=merge", "-p", &plug_patch(&[])]);
+    up.guest_has(&uid, &[]).await;
+    assert_eq!(up.uid("p1"), uid, "same VMI");
+    assert_eq!(up.serial_log(&uid).iter().filter(|l| l.starts_with("VP-READY")).count(), 1, "one boot");
+}
+
+/// 2 and 3. An image imported over HTTP (`virtplug volume import`) becomes the medium of the
+/// running VM's empty CD-ROM drive, and is ejected; `virtplug addvolume --wait` and
+/// `removevolume --wait` plug and unplug a disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imported_media_and_the_cli_with_wait() {
+    let up = Up::start();
+    let iso = std::fs::read(guest_dir().join("guest.iso")).unwrap();
+    let url = serve(iso.clone()).await;
+    let out = up.virtplug(&["volume", "import", "iso", "--url", &url, "--size", "64Mi"]);
+    assert!(out.contains("datavolume/iso imported"), "{out}");
+    up.vm("p2");
+    let uid = up.ready("p2").await;
+
+    let out =
+        up.virtplug(&["addvolume", "p2", "--volume-name", "cd0", "--datavolume", "iso", "--disk-type", "cdrom", "--bus", "sata", "--wait"]);
+    assert!(out.contains("is Ready") && out.contains("Ready "), "{out}");
+    let line = up.see(&uid, "the medium", |l| l.starts_with("MEDIA") && l.contains(" in ")).await;
+    let head: String = iso[..16].iter().map(|b| format!("{b:02x}")).collect();
+    assert!(line.contains(&head), "{line}");
+    up.virtplug(&["removevolume", "p2", "--volume-name", "cd0", "--wait"]);
+    common::wait_until(SEE, "the eject", || {
+        let lines = up.serial_log(&uid);
+        let ok = lines
+            .iter()
+            .position(|l| l.starts_with("MEDIA") && l.contains(" in "))
+            .is_some_and(|i| lines[i + 1..].iter().any(|l| l.contains(" out")));
+        async move { ok.then_some(()) }
+    })
+    .await;
+
+    up.claim("d", "16Mi", "Filesystem");
+    let out = up.virtplug(&["addvolume", "p2", "--volume-name", "d", "--claim", "d", "--serial", "d", "--wait"]);
+    for phase in ["Bound", "AttachedToNode", "Ready", "total"] {
+        assert!(out.contains(phase), "the timeline names {phase}: {out}");
+    }
+    up.guest_has(&uid, &["d"]).await;
+    let (ok, dry) = up.run(env!("CARGO_BIN_EXE_virtplug"), &["removevolume", "p2", "--volume-name", "d", "--dry-run"]);
+    assert!(ok && dry.contains("dry run"), "{dry}");
+    up.virtplug(&["removevolume", "p2", "--volume-name", "d", "--wait"]);
+    up.guest_has(&uid, &[]).await;
+    // A script can rely on the exit code: an unknown volume is refused with KubeVirt's message.
+    let (ok, err) = up.run(env!("CARGO_BIN_EXE_virtplug"), &["removevolume", "p2", "--volume-name", "nope"]);
+    assert!(!ok && err.contains("Unable to remove volume [nope] because it does not exist"), "{err}");
+}
+
+/// 4. 8 VMs × 4 volumes plugged at once, then unplugged: every guest agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_vms_four_volumes_each_plug_and_unplug_together() {
+    let up = Up::start();
+    let names: Vec<String> = (0..8).map(|i| format!("m{i}")).collect();
+    for n in &names {
+        for j in 0..4 {
+            up.claim(&format!("{n}-v{j}"), "8Mi", "Filesystem");
+        }
+        up.vm(n);
+    }
+    let mut uids = Vec::new();
+    for n in &names {
+        uids.push(up.ready(n).await);
+    }
+    for n in &names {
+        let claims: Vec<String> = (0..4).map(|j| format!("{n}-v{j}")).collect();
+        let vols: Vec<(&str, &str)> = claims.iter().map(|c| (c.as_str(), c.as_str())).collect();
+        up.kubectl(&["patch", "vm", n, "--type=merge", "-p", &plug_patch(&vols)]);
+    }
+    for (n, uid) in names.iter().zip(&uids) {
+        let want: Vec<String> = (0..4).map(|j| format!("{n}-v{j}")).collect();
+        up.guest_has(uid, &want.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    }
+    for n in &names {
+        up.kubectl(&["patch", "vm", n, "--type=merge", "-p", &plug_patch(&[])]);
+    }
+    for uid in &uids {
+        up.guest_has(uid, &[]).await;
+    }
+}
+
+/// 5. `kill -9` of `virtplug up` in the middle of a hot-plug, then `up` again: the VM still runs
+///    (same QEMU, one boot) and its spec is honoured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_up_mid_hotplug_then_up_again_honours_the_spec() {
+    let mut up = Up::start();
+    for c in ["k0", "k1", "k2"] {
+        up.claim(c, "8Mi", "Filesystem");
+    }
+    up.vm("p5");
+    let uid = up.ready("p5").await;
+    let pid = std::fs::read_to_string(up.dir.path().join("node/vmis").join(&uid).join("qemu.pid")).unwrap();
+    up.kubectl(&["patch", "vm", "p5", "--type=merge", "-p", &plug_patch(&[("k0", "k0"), ("k1", "k1"), ("k2", "k2")])]);
+    up.kill9();
+    up.spawn();
+    up.guest_has(&uid, &["k0", "k1", "k2"]).await;
+    up.kubectl(&["patch", "vm", "p5", "--type=merge", "-p", &plug_patch(&[("k1", "k1")])]);
+    up.kill9();
+    up.spawn();
+    up.guest_has(&uid, &["k1"]).await;
+    let pid_after = std::fs::read_to_string(up.dir.path().join("node/vmis").join(&uid).join("qemu.pid")).unwrap();
+    assert_eq!(pid, pid_after, "the same QEMU");
+    assert_eq!(up.uid("p5"), uid);
+    assert_eq!(up.serial_log(&uid).iter().filter(|l| l.starts_with("VP-READY")).count(), 1, "one boot");
+}
+
+/// 6. The node agent is gone when the VM dies (seed bug 2040235): nothing stays mounted, the
+///    claim can be deleted and its storage is freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_up_is_gone_and_the_vm_dies_the_claim_is_freed() {
+    let mut up = Up::start();
+    up.claim("s", "16Mi", "Filesystem");
+    up.vm("p6");
+    let uid = up.ready("p6").await;
+    up.kubectl(&["patch", "vm", "p6", "--type=merge", "-p", &plug_patch(&[("s", "s")])]);
+    up.guest_has(&uid, &["s"]).await;
+    let claim_dir = PathBuf::from(up.json(&["get", "pvc", "s"])["metadata"]["annotations"]["virtplug.io/local-path"].as_str().unwrap());
+    up.kill9();
+    let q = qemu::process::adopt(&up.dir.path().join("node/vmis").join(&uid)).unwrap();
+    rustix::process::kill_process(rustix::process::Pid::from_raw(q.pid).unwrap(), rustix::process::Signal::KILL).unwrap();
+    assert!(q.wait_gone(Duration::from_secs(10)).await);
+    assert!(mounts_under(up.dir.path()).is_empty(), "nothing mounted: {:?}", mounts_under(up.dir.path()));
+    up.spawn();
+    up.kubectl(&["delete", "vm", "p6", "--wait=true", "--timeout=90s"]);
+    up.kubectl(&["delete", "pvc", "s", "--wait=true", "--timeout=90s"]);
+    assert!(!claim_dir.exists(), "the claim's storage is freed");
+}
+
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(text) = std::fs::read_to_string(p.path().join("mountinfo")) else { continue };
+        for m in node::mountinfo::parse(&text).unwrap_or_default() {
+            if m.mount_point.starts_with(dir) || Path::new(&m.source).starts_with(dir) {
+                out.push(m.mount_point.display().to_string());
+            }
+        }
+    }
+    out
+}
+
+async fn serve(body: Vec<u8>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = sock.read(&mut buf).await;
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+                let _ = sock.write_all(head.as_bytes()).await;
+                let _ = sock.write_all(&body).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    format!("http://{addr}/guest.iso")
+}
