@@ -413,8 +413,10 @@ pub async fn reconcile(
 /// The controller's part of a running VMI's `status.volumeStatus` (DESIGN "Hot-plug volume
 /// status"): a hot-plug volume in the VMI spec without an entry gets one, `Pending`
 /// (`PVCNotReady`) until its claim is bound and, for a DataVolume, its import has succeeded,
-/// then `Bound` (`PVCBound`) with the claim's info. Entries the node agent has moved past
-/// `Bound` are left alone.
+/// then `Bound` (`PVCBound`) with the claim's info. It only ever creates an entry or moves it
+/// `Pending` → `Bound`: an entry already in the phase it would write is left as it is (the node
+/// agent writes its own reason and message there — two writers rewriting each other's message
+/// would wake each other forever), and entries past `Bound` belong to the node agent.
 ///
 /// # Errors
 /// When a read or the status write fails.
@@ -436,7 +438,7 @@ pub async fn report_claims(client: &kube::Client, vmi: &api::VirtualMachineInsta
     let mut wanted = Vec::new();
     for v in vmi.spec.volumes.iter().filter(|v| v.is_hotpluggable()) {
         let entry = vmi.status.as_ref().and_then(|s| s.volume_status.iter().find(|e| e.name == v.name));
-        if entry.is_some_and(|e| !matches!(e.phase.as_deref(), None | Some("" | "Pending" | "Bound"))) {
+        if entry.is_some_and(|e| !matches!(e.phase.as_deref(), None | Some("" | "Pending"))) {
             continue;
         }
         let claim = v
@@ -500,8 +502,11 @@ pub async fn report_claims(client: &kube::Client, vmi: &api::VirtualMachineInsta
                 }
             };
             let e = &mut st.volume_status[idx];
-            if !matches!(e.phase.as_deref(), None | Some("" | "Pending" | "Bound")) {
-                continue; // the node agent moved it on meanwhile
+            let from = e.phase.clone().unwrap_or_default();
+            // Create, or Pending → Bound; nothing else (see the doc comment).
+            let moves = from.is_empty() || (from == "Pending" && *phase == "Bound");
+            if !moves {
+                continue;
             }
             e.transition(phase, reason, message);
             if info.is_some() {

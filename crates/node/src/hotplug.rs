@@ -214,6 +214,9 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
     };
     let drives = machine.drives().await.unwrap_or_default();
     let mut retry: Option<Duration> = None;
+    // The waiting volumes' new reasons and messages, written together at the end: one write
+    // (and one watch event) per pass instead of one per volume.
+    let mut waiting_changes: Vec<Change> = Vec::new();
 
     for (v, d) in &wanted {
         let is_cdrom = d.kind() == DiskKind::Cdrom;
@@ -318,13 +321,14 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                     .await;
                 }
                 if cur.and_then(|e| e.message.as_deref()) != Some(msg.as_str()) || cur.and_then(|e| e.reason.as_deref()) != Some(reason) {
-                    write(shared, vmi, vec![Change::Set { name: v.name.clone(), phase, reason, message: msg }]).await;
+                    waiting_changes.push(Change::Set { name: v.name.clone(), phase, reason, message: msg });
                 }
                 let d = shared.config.backoff.delay(w.attempts);
                 retry = Some(retry.map_or(d, |r| r.min(d)));
             }
         }
     }
+    write(shared, vmi, waiting_changes).await;
 
     // Unplug what QEMU has and the spec no longer wants.
     let wanted_names: Vec<&str> = wanted.iter().map(|(v, _)| v.name.as_str()).collect();
