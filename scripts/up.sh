@@ -4,5 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
+# The demo guest the README's quickstart boots (Debian kernel + busybox initramfs; cached).
+./scripts/build-test-guest.sh
 cargo build --release -p virtplug
 exec ./target/release/virtplug up "$@"
