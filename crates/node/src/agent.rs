@@ -46,6 +46,10 @@ pub struct Config {
     /// Grace for a guest to power off when its VMI is deleted, unless the VMI sets
     /// `terminationGracePeriodSeconds` (default 30 s); QEMU is then stopped by force.
     pub stop_grace: Duration,
+    /// Nice value of the QEMU processes (default 5): the VMs yield the CPU to the control plane
+    /// (API server, controller, this agent) when the host is oversubscribed — the role
+    /// `kube-reserved` plays for the kubelet. 0 runs them at the agent's own priority.
+    pub vm_nice: i32,
 }
 
 impl Config {
@@ -59,6 +63,7 @@ impl Config {
             accel: qemu::accel::Accel::Auto,
             backoff: Backoff::default(),
             stop_grace: Duration::from_secs(30),
+            vm_nice: 5,
         }
     }
 }

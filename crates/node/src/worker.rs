@@ -170,6 +170,11 @@ async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir
     let spec =
         qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, |v| sources.get(&v.name).cloned()).map_err(|e| e.to_string())?;
     let process = qemu::process::launch(&spec).await.map_err(|e| provisioner_chain(&e))?;
+    if shared.config.vm_nice != 0 {
+        if let Err(e) = process.renice(shared.config.vm_nice) {
+            tracing::warn!("VMI {}/{}: cannot set QEMU's nice value: {e}", record.namespace, record.name);
+        }
+    }
     tracing::info!("VMI {}/{}: QEMU {} started", record.namespace, record.name, process.pid);
     connect(shared, vmi, process).await
 }

@@ -108,6 +108,20 @@ impl Process {
         self.wait_gone(Duration::from_secs(10)).await;
     }
 
+    /// Sets the scheduling priority (nice value) of every thread of this QEMU — Linux keeps it
+    /// per thread, and the vCPU threads exist once `launch` returns; threads QEMU creates later
+    /// inherit it from the thread that creates them. Threads that exit meanwhile are skipped.
+    ///
+    /// # Errors
+    /// When the task list cannot be read (QEMU gone).
+    pub fn renice(&self, nice: i32) -> std::io::Result<()> {
+        for t in std::fs::read_dir(format!("/proc/{}/task", self.pid))?.flatten() {
+            let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()).and_then(Pid::from_raw) else { continue };
+            let _ = rustix::process::setpriority_process(Some(tid), nice);
+        }
+        Ok(())
+    }
+
     /// Waits until the process has exited (poll on a pidfd, no busy polling), up to `deadline`.
     /// Returns whether it is gone.
     pub async fn wait_gone(&self, deadline: Duration) -> bool {

@@ -41,6 +41,10 @@ pub struct UpArgs {
     /// `up` on the same data dir adopts them.
     #[arg(long)]
     stop_vms_on_exit: bool,
+    /// Nice value of the VMs' QEMU processes: they yield the CPU to the control plane on an
+    /// oversubscribed host. 0 runs them at virtplug's own priority.
+    #[arg(long, default_value_t = 5)]
+    vm_nice: i32,
 }
 
 /// What `up` runs besides the API server.
@@ -48,6 +52,7 @@ struct UpOptions {
     node_name: String,
     accel: qemu::accel::Accel,
     stop_vms_on_exit: bool,
+    vm_nice: i32,
 }
 
 /// Checks what `up` needs and says what is missing and how to fix it. Errors only for what makes
@@ -96,6 +101,9 @@ pub struct NodeArgs {
     /// QEMU accelerator: auto, kvm or tcg.
     #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
     accel: String,
+    /// Nice value of the VMs' QEMU processes (see `virtplug up --help`).
+    #[arg(long, default_value_t = 5)]
+    vm_nice: i32,
 }
 
 /// The host name, for the default node name.
@@ -125,6 +133,7 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
         config.storage_root = root;
     }
     config.accel = accel(&args.accel);
+    config.vm_nice = args.vm_nice;
     eprintln!(
         "virtplug node {}: running VMs from {} (Ctrl-C stops the agent; VMs keep running)",
         config.node_name,
@@ -179,6 +188,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         node_name: args.node_name.unwrap_or_else(host_name),
         accel: accel(&args.accel),
         stop_vms_on_exit: args.stop_vms_on_exit,
+        vm_nice: args.vm_nice,
     };
     run(config, args.listen, Some(up)).await
 }
@@ -213,6 +223,7 @@ async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions
         tokio::spawn(controller::run::run_with(client.clone(), ctl));
         let mut node_config = node::agent::Config::new(&up.node_name, &config.data_dir);
         node_config.accel = up.accel;
+        node_config.vm_nice = up.vm_nice;
         tokio::spawn(async move {
             if let Err(e) = node::agent::run(client, node_config).await {
                 tracing::error!("the node agent stopped: {e:#}");
@@ -233,9 +244,19 @@ async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions
     println!("Next:");
     println!("  export KUBECONFIG={}", kubeconfig.display());
     println!("  kubectl get vm");
-    println!("  kubectl apply -f my-vm.yaml");
-    println!();
-    println!("Stop with Ctrl-C (SIGINT) or SIGTERM; every acknowledged write is on disk.");
+    if up.is_some() {
+        println!("  virtplug vm create demo --kernel .cache/guest/vmlinuz --initrd .cache/guest/initramfs.cpio.gz");
+        println!("  virtplug volume create data --size 1Gi --wait");
+        println!("  virtplug addvolume demo --volume-name data --claim data --wait");
+        println!("  virtplug vm console demo");
+        println!();
+        println!("Stop with Ctrl-C (SIGINT) or SIGTERM; every acknowledged write is on disk; running VMs keep running");
+        println!("(the next `virtplug up` adopts them) unless --stop-vms-on-exit was given.");
+    } else {
+        println!("  kubectl apply -f my-vm.yaml");
+        println!();
+        println!("Stop with Ctrl-C (SIGINT) or SIGTERM; every acknowledged write is on disk.");
+    }
 
     let shutdown = CancellationToken::new();
     let serving = {

@@ -311,6 +311,13 @@ async fn filesystem_and_block_claims_plug_into_a_running_guest_and_unplug() {
 
     // The VM never restarted: same VMI, one boot.
     assert_eq!(e.vmis.get("guest").await.unwrap().uid(), vmi.uid());
+    // Every QEMU thread runs at the configured nice value (5): the VM yields to the control plane.
+    let q = qemu::process::adopt(&e.run_dir(&vmi)).unwrap();
+    for t in std::fs::read_dir(format!("/proc/{}/task", q.pid)).unwrap().flatten() {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap();
+        let nice: i32 = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(16).unwrap().parse().unwrap();
+        assert_eq!(nice, 5, "thread {:?}", t.file_name());
+    }
     assert_eq!(e.lines(&vmi).iter().filter(|l| l.starts_with("VP-READY")).count(), 1);
 
     // Stopped: QEMU goes, then the VMI (the agent removed the finalizer).
