@@ -240,6 +240,11 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
     let mut live: Option<Live> = None;
     let mut volumes = Volumes::default();
     let mut last: Option<Arc<VirtualMachineInstance>>;
+    // The generation of the spec the last hot-plug pass ran for, and whether the next pass must
+    // run anyway (first pass, storage event, retry timer, QEMU adopted or started).
+    let mut done_generation: Option<i64> = None;
+    let mut force = true;
+    let mut pending_retry: Option<Duration> = None;
     loop {
         let current = rx.borrow_and_update().clone();
         let Some(vmi) = current else {
@@ -279,12 +284,16 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
                     Ok(l) => {
                         tracing::info!("VMI {}/{}: adopted QEMU {}", vmi.namespace().unwrap_or_default(), vmi.name_any(), l.process.pid);
                         live = Some(l);
+                        force = true;
                     }
                     Err(e) => tracing::warn!("VMI {}/{}: {e}", vmi.namespace().unwrap_or_default(), vmi.name_any()),
                 },
                 Err(_) => match phase(&vmi) {
                     "Scheduled" => match launch(&shared, &vmi, &run_dir).await {
-                        Ok(l) => live = Some(l),
+                        Ok(l) => {
+                            live = Some(l);
+                            force = true;
+                        }
                         Err(e) => {
                             set_phase(&shared, &vmi, "Failed", Some("LaunchFailed"), &e).await;
                             events::publish(&shared.client, COMPONENT, vmi.as_ref(), EventType::Warning, "LaunchFailed", &e).await;
@@ -301,10 +310,23 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
             }
         }
 
+        // A new version of the VMI whose spec did not change (its status: most often this
+        // agent's own volumeStatus writes) needs no pass: every pass costs QMP round trips,
+        // which wait for QEMU's big lock behind a busy TCG vCPU. Storage events, the retry
+        // timer, a spec change (generation) and adoption force one.
+        let generation = vmi.metadata.generation;
+        let needed = force || generation != done_generation;
         let retry = match &live {
-            Some(l) if phase(&vmi) == "Running" => crate::hotplug::reconcile(&shared, &vmi, &l.machine, &mut volumes).await,
+            Some(l) if phase(&vmi) == "Running" && needed => {
+                let r = crate::hotplug::reconcile(&shared, &vmi, &l.machine, &mut volumes).await;
+                done_generation = generation;
+                force = false;
+                r
+            }
+            Some(_) if phase(&vmi) == "Running" => pending_retry,
             _ => None,
         };
+        pending_retry = retry;
 
         let exited = async {
             match live.as_mut() {
@@ -326,7 +348,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
                     return; // the agent stops: the VM keeps running for the next agent
                 }
             }
-            () = shared.storage_changed.notified() => {}
+            () = shared.storage_changed.notified() => force = true,
             () = exited => {
                 if let Some(l) = live.take() {
                     let by_guest = *l.guest_shutdown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -342,7 +364,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
                     volumes = Volumes::default();
                 }
             }
-            () = timer => {}
+            () = timer => force = true,
         }
     }
 }
