@@ -202,7 +202,7 @@ async fn reconcile_vm_once(vm: Arc<VirtualMachine>, ctx: Arc<Ctx>) -> Result<Act
 // kube-runtime's error policy signature takes the object by value.
 #[allow(clippy::needless_pass_by_value)]
 fn error_policy(vm: Arc<VirtualMachine>, err: &VmError, _: Arc<Ctx>) -> Action {
-    tracing::warn!("VM {}/{}: {}", vm.namespace().unwrap_or_default(), vm.name_any(), crate::storage::provisioner::error_chain(err));
+    tracing::warn!("VM {}/{}: {}", vm.namespace().unwrap_or_default(), vm.name_any(), client::error_chain(err));
     Action::requeue(Duration::from_secs(2))
 }
 

@@ -269,7 +269,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                 machine.attach(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source: Source::Fd(opened.fd) }).await
             };
             crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
-            r.map_err(|e| SourceError::NotReady(format!("QEMU refused the volume: {}", chain(&e))))
+            r.map_err(|e| SourceError::NotReady(format!("QEMU refused the volume: {}", client::error_chain(&e))))
         }
         .await;
         match result {
@@ -361,7 +361,12 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                 write(
                     shared,
                     vmi,
-                    vec![Change::Set { name: a.volume.clone(), phase: "Detaching", reason: "SuccessfulDelete", message: chain(&e) }],
+                    vec![Change::Set {
+                        name: a.volume.clone(),
+                        phase: "Detaching",
+                        reason: "SuccessfulDelete",
+                        message: client::error_chain(&e),
+                    }],
                 )
                 .await;
                 retry = Some(retry.map_or(shared.config.backoff.base, |r| r.min(shared.config.backoff.base)));
@@ -403,7 +408,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                     write(shared, vmi, vec![Change::Remove(m.clone())]).await;
                 }
             }
-            Err(e) => tracing::warn!("VMI {object}: cannot eject the medium of {}: {}", dr.id, chain(&e)),
+            Err(e) => tracing::warn!("VMI {object}: cannot eject the medium of {}: {}", dr.id, client::error_chain(&e)),
         }
     }
     // Entries of hot-plug volumes that are neither wanted nor in QEMU (removed while pending).
@@ -430,15 +435,4 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
         .collect();
     write(shared, vmi, stale).await;
     retry
-}
-
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        cur = e.source();
-    }
-    s
 }

@@ -169,7 +169,7 @@ async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir
     let name = format!("{}_{}", record.namespace, record.name);
     let spec =
         qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, |v| sources.get(&v.name).cloned()).map_err(|e| e.to_string())?;
-    let process = qemu::process::launch(&spec).await.map_err(|e| provisioner_chain(&e))?;
+    let process = qemu::process::launch(&spec).await.map_err(|e| client::error_chain(&e))?;
     if shared.config.vm_nice != 0 {
         if let Err(e) = process.renice(shared.config.vm_nice) {
             tracing::warn!("VMI {}/{}: cannot set QEMU's nice value: {e}", record.namespace, record.name);
@@ -177,17 +177,6 @@ async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir
     }
     tracing::info!("VMI {}/{}: QEMU {} started", record.namespace, record.name, process.pid);
     connect(shared, vmi, process).await
-}
-
-fn provisioner_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        cur = e.source();
-    }
-    s
 }
 
 /// Stops the QEMU of `run_dir` (a VMI that is gone, or `up --stop-vms-on-exit`) and removes

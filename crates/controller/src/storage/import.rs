@@ -111,7 +111,7 @@ async fn set_status(api: &Api<DataVolume>, name: &str, f: impl Fn(&mut DataVolum
     client::update_status(api, name, |dv: &mut DataVolume| f(dv.status.get_or_insert_with(Default::default)))
         .await
         .map(|_| ())
-        .map_err(|e| ImportError::Transient(format!("cannot write the DataVolume's status: {}", super::provisioner::error_chain(&e))))
+        .map_err(|e| ImportError::Transient(format!("cannot write the DataVolume's status: {}", client::error_chain(&e))))
 }
 
 /// The claim a DataVolume asks for.
@@ -344,7 +344,7 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
         .get(parsed)
         .send()
         .await
-        .map_err(|e| ImportError::Transient(format!("cannot fetch {url}: {}", super::provisioner::error_chain(&e))))?;
+        .map_err(|e| ImportError::Transient(format!("cannot fetch {url}: {}", client::error_chain(&e))))?;
     if !resp.status().is_success() {
         return Err(ImportError::Transient(format!("{url} answered HTTP {}", resp.status())));
     }
@@ -380,9 +380,9 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
         let chunk = chunk.map_err(|e| {
             ImportError::Transient(match total {
                 Some(t) => {
-                    format!("the transfer from {url} broke off after {written} of {t} bytes: {}", super::provisioner::error_chain(&e))
+                    format!("the transfer from {url} broke off after {written} of {t} bytes: {}", client::error_chain(&e))
                 }
-                None => format!("the transfer from {url} broke off after {written} bytes: {}", super::provisioner::error_chain(&e)),
+                None => format!("the transfer from {url} broke off after {written} bytes: {}", client::error_chain(&e)),
             })
         })?;
         if first && chunk.starts_with(b"QFI\xfb") {

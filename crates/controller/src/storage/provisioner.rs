@@ -268,24 +268,11 @@ async fn reconcile_once(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Resul
 // kube-runtime's error policy signature takes the object by value.
 #[allow(clippy::needless_pass_by_value)]
 fn error_policy(pvc: Arc<PersistentVolumeClaim>, err: &ProvisionError, ctx: Arc<Ctx>) -> Action {
-    tracing::warn!("{err}: {}", error_chain(err));
+    tracing::warn!("{}", client::error_chain(err));
     let client = ctx.client.clone();
-    let msg = error_chain(err);
+    let msg = client::error_chain(err);
     tokio::spawn(async move { events::publish(&client, COMPONENT, pvc.as_ref(), EventType::Warning, "ProvisioningFailed", &msg).await });
     Action::requeue(Duration::from_secs(5))
-}
-
-/// The error and its sources, one line.
-#[must_use]
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        cur = e.source();
-    }
-    s
 }
 
 /// Runs the provisioner for claims under `root` until the process stops.
