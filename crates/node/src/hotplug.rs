@@ -157,6 +157,18 @@ enum Change {
     Remove(String),
 }
 
+impl Change {
+    /// The volume is in QEMU (KubeVirt's reason and message).
+    fn ready(name: &str) -> Change {
+        Change::Set {
+            name: name.to_owned(),
+            phase: "Ready",
+            reason: "VolumeReady",
+            message: "Successfully attach hotplugged volume to VM".into(),
+        }
+    }
+}
+
 async fn write(shared: &Shared, vmi: &VirtualMachineInstance, changes: Vec<Change>) {
     if changes.is_empty() {
         return;
@@ -229,17 +241,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
         if present {
             volumes.forget(&v.name);
             if entry(vmi, &v.name).and_then(|e| e.phase.as_deref()) != Some("Ready") {
-                write(
-                    shared,
-                    vmi,
-                    vec![Change::Set {
-                        name: v.name.clone(),
-                        phase: "Ready",
-                        reason: "VolumeReady",
-                        message: "Successfully attach hotplugged volume to VM".into(),
-                    }],
-                )
-                .await;
+                write(shared, vmi, vec![Change::ready(&v.name)]).await;
             }
             continue;
         }
@@ -276,22 +278,16 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
             Ok(()) => {
                 crate::metrics::observe("total", started.elapsed().as_secs_f64());
                 volumes.forget(&v.name);
-                write(
-                    shared,
-                    vmi,
-                    vec![Change::Set {
-                        name: v.name.clone(),
-                        phase: "Ready",
-                        reason: "VolumeReady",
-                        message: "Successfully attach hotplugged volume to VM".into(),
-                    }],
-                )
-                .await;
+                write(shared, vmi, vec![Change::ready(&v.name)]).await;
                 tracing::info!("VMI {object}: volume {} attached", v.name);
             }
             Err(e) => {
-                let w =
-                    volumes.waiting.entry(v.name.clone()).or_insert(Waiting { since: Instant::now(), attempts: 0, reported_failed: false });
+                // The metrics: one failure, and the volume counted as waiting until `forget`.
+                crate::metrics::get().failures.inc();
+                let w = volumes.waiting.entry(v.name.clone()).or_insert_with(|| {
+                    crate::metrics::get().waiting.inc();
+                    Waiting { since: started, attempts: 0, reported_failed: false }
+                });
                 w.attempts += 1;
                 let msg = e.to_string();
                 let overdue = w.since.elapsed() >= shared.config.backoff.deadline || matches!(e, SourceError::Refused(_));

@@ -465,11 +465,15 @@ async fn a_volume_whose_storage_appears_late_attaches_on_the_watch_event_without
     e.add("late", "later", "later").await;
     let waiting = e.volume_status("late", "later", "Pending").await;
     assert!(waiting.message.as_deref().unwrap_or("").contains("later"), "{waiting:?}");
+    let m = node::metrics::get();
+    assert_eq!(m.waiting.get(), 1, "the metrics count the waiting volume");
+    assert!(m.failures.get() >= 1);
     // The scenario's delay (not a synchronisation): the claim is created 5 s later.
     tokio::time::sleep(Duration::from_secs(5)).await;
     e.claim("later", "16Mi", "Filesystem").await;
     e.see(&vmi, "the late disk in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.later")).await;
     e.volume_status("late", "later", "Ready").await;
+    assert_eq!(node::metrics::get().waiting.get(), 0, "no volume waits once it is Ready");
     assert_eq!(
         forks.count(),
         0,
