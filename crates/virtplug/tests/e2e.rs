@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -19,17 +19,6 @@ use serde_json::{json, Value};
 
 const BOOT: Duration = Duration::from_secs(180);
 const SEE: Duration = Duration::from_secs(90);
-
-fn guest_dir() -> PathBuf {
-    let dir = std::env::var_os("VIRTPLUG_GUEST_DIR")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/guest"), PathBuf::from);
-    assert!(dir.join("vmlinuz").is_file(), "no test guest in {}: run scripts/build-test-guest.sh", dir.display());
-    dir.canonicalize().unwrap()
-}
-
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
 
 struct Up {
     dir: tempfile::TempDir,
@@ -121,7 +110,7 @@ impl Up {
 
     /// Creates a running VM booting the test guest (with an empty CD-ROM drive `cd0`).
     fn vm(&self, name: &str) {
-        let g = guest_dir();
+        let g = common::guest::guest_dir();
         let manifest = self.dir.path().join(format!("{name}.json"));
         let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
             "spec": {"runStrategy": "Always", "template": {"spec": {
@@ -213,7 +202,7 @@ fn plug_patch(vols: &[(&str, &str)]) -> String {
 async fn kubectl_patch_plugs_and_unplugs_filesystem_and_block_claims() {
     let up = Up::start();
     up.claim("fs", "64Mi", "Filesystem");
-    let block = is_root();
+    let block = common::guest::is_root();
     if block {
         up.claim("blk", "32Mi", "Block");
     }
@@ -234,8 +223,8 @@ async fn kubectl_patch_plugs_and_unplugs_filesystem_and_block_claims() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn imported_media_and_the_cli_with_wait() {
     let up = Up::start();
-    let iso = std::fs::read(guest_dir().join("guest.iso")).unwrap();
-    let url = serve(iso.clone()).await;
+    let iso = std::fs::read(common::guest::guest_dir().join("guest.iso")).unwrap();
+    let url = common::guest::serve_file(iso.clone()).await;
     let out = up.virtplug(&["volume", "import", "iso", "--url", &url, "--size", "64Mi"]);
     assert!(out.contains("datavolume/iso imported"), "{out}");
     up.vm("p2");
@@ -345,42 +334,9 @@ async fn when_up_is_gone_and_the_vm_dies_the_claim_is_freed() {
     let q = qemu::process::adopt(&up.dir.path().join("node/vmis").join(&uid)).unwrap();
     rustix::process::kill_process(rustix::process::Pid::from_raw(q.pid).unwrap(), rustix::process::Signal::KILL).unwrap();
     assert!(q.wait_gone(Duration::from_secs(10)).await);
-    assert!(mounts_under(up.dir.path()).is_empty(), "nothing mounted: {:?}", mounts_under(up.dir.path()));
+    assert!(common::guest::mounts_under(up.dir.path()).is_empty(), "nothing mounted: {:?}", common::guest::mounts_under(up.dir.path()));
     up.spawn();
     up.kubectl(&["delete", "vm", "p6", "--wait=true", "--timeout=90s"]);
     up.kubectl(&["delete", "pvc", "s", "--wait=true", "--timeout=90s"]);
     assert!(!claim_dir.exists(), "the claim's storage is freed");
-}
-
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for p in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(text) = std::fs::read_to_string(p.path().join("mountinfo")) else { continue };
-        for m in node::mountinfo::parse(&text).unwrap_or_default() {
-            if m.mount_point.starts_with(dir) || Path::new(&m.source).starts_with(dir) {
-                out.push(m.mount_point.display().to_string());
-            }
-        }
-    }
-    out
-}
-
-async fn serve(body: Vec<u8>) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let body = body.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let _ = sock.read(&mut buf).await;
-                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-                let _ = sock.write_all(head.as_bytes()).await;
-                let _ = sock.write_all(&body).await;
-                let _ = sock.shutdown().await;
-            });
-        }
-    });
-    format!("http://{addr}/guest.iso")
 }

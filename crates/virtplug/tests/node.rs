@@ -24,17 +24,6 @@ use api::{VirtualMachine, VirtualMachineInstance};
 const BOOT: Duration = Duration::from_secs(120);
 const SEE: Duration = Duration::from_secs(60);
 
-fn guest_dir() -> PathBuf {
-    let dir = std::env::var_os("VIRTPLUG_GUEST_DIR")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/guest"), PathBuf::from);
-    assert!(dir.join("vmlinuz").is_file(), "no test guest in {}: run scripts/build-test-guest.sh", dir.display());
-    dir.canonicalize().unwrap()
-}
-
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
 struct Env {
     s: TestServer,
     dir: tempfile::TempDir,
@@ -138,7 +127,7 @@ impl Env {
 
     /// Creates a running VM booting the test guest; returns its running VMI.
     async fn vm(&self, name: &str) -> VirtualMachineInstance {
-        let g = guest_dir();
+        let g = common::guest::guest_dir();
         let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
             "spec": {"runStrategy": "Always", "template": {"spec": {
                 "terminationGracePeriodSeconds": 1,
@@ -251,7 +240,7 @@ async fn filesystem_and_block_claims_plug_into_a_running_guest_and_unplug() {
     let fs_img = Path::new(&fs.metadata.annotations.as_ref().unwrap()["virtplug.io/local-path"]).join("disk.img");
     std::fs::write(&fs_img, b"VP-FILESYSTEM-01").unwrap();
     std::fs::File::options().write(true).open(&fs_img).unwrap().set_len(64 << 20).unwrap();
-    let block = if is_root() {
+    let block = if common::guest::is_root() {
         let b = e.claim("blkdata", "32Mi", "Block").await;
         let dev = PathBuf::from(&b.metadata.annotations.as_ref().unwrap()["virtplug.io/loop-device"]);
         std::io::Write::write_all(&mut std::fs::File::options().write(true).open(&dev).unwrap(), b"VP-BLOCKDEVICE01").unwrap();
@@ -388,26 +377,6 @@ impl Drop for TmpfsMount {
     }
 }
 
-/// Every mount, in any process's namespace, whose mount point or source is under `dir`.
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for p in std::fs::read_dir("/proc").unwrap().flatten() {
-        if !p.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(text) = std::fs::read_to_string(p.path().join("mountinfo")) else { continue };
-        let Ok(mounts) = node::mountinfo::parse(&text) else { continue };
-        for m in mounts {
-            if m.mount_point.starts_with(dir) || Path::new(&m.source).starts_with(dir) {
-                out.push(format!("pid {}: {} on {}", p.file_name().to_string_lossy(), m.source, m.mount_point.display()));
-            }
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
 /// The seed bug (KubeVirt 2040235), as a test: the claims live on their own filesystem; a disk
 /// is hot-plugged; the node agent is killed, then the VM dies. KubeVirt leaves a bind mount
 /// behind that keeps the filesystem busy forever; here the filesystem unmounts at once, and no
@@ -415,7 +384,7 @@ fn mounts_under(dir: &Path) -> Vec<String> {
 /// unmounted (EBUSY): a running VM's disk cannot be yanked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_the_agent_is_gone_and_the_vm_dies_the_storage_unmounts_at_once() {
-    if !is_root() {
+    if !common::guest::is_root() {
         eprintln!("skipped: mounting the storage filesystem needs root");
         return;
     }
@@ -443,7 +412,7 @@ async fn when_the_agent_is_gone_and_the_vm_dies_the_storage_unmounts_at_once() {
     // At once: the first unmount succeeds, and nothing of ours is mounted anywhere.
     rustix::mount::unmount(&storage, rustix::mount::UnmountFlags::empty()).expect("the storage filesystem unmounts at once");
     std::mem::forget(mount);
-    assert_eq!(mounts_under(e.dir.path()), Vec::<String>::new(), "no mount left in any namespace");
+    assert_eq!(common::guest::mounts_under(e.dir.path()), Vec::<String>::new(), "no mount left in any namespace");
 }
 
 /// Storage that becomes ready late: the claim appears 5 s after the volume was added. The
@@ -452,7 +421,7 @@ async fn when_the_agent_is_gone_and_the_vm_dies_the_storage_unmounts_at_once() {
 /// process-event connector: no `findmnt`, no `mount`, nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_whose_storage_appears_late_attaches_on_the_watch_event_without_spawning_anything() {
-    if !is_root() {
+    if !common::guest::is_root() {
         eprintln!("skipped: counting forks through the proc connector needs root");
         return;
     }
@@ -561,7 +530,7 @@ async fn killing_the_agent_at_random_points_loses_and_leaks_nothing() {
         e.claim(&format!("r{i}"), "8Mi", "Filesystem").await;
         names.push(format!("r{i}"));
     }
-    if is_root() {
+    if common::guest::is_root() {
         e.claim("rb", "8Mi", "Block").await;
         names.push("rb".into());
     }
@@ -622,28 +591,7 @@ async fn killing_the_agent_at_random_points_loses_and_leaks_nothing() {
     })
     .await;
     assert_eq!(controller::storage::loopdev::under(&e.storage_root()).len(), loops_before, "no loop device leaked");
-    assert_eq!(mounts_under(e.dir.path()), Vec::<String>::new(), "no mount anywhere");
-}
-
-/// Serves `body` at any path on a loopback port; returns the URL.
-async fn serve_file(body: Vec<u8>) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let body = body.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let _ = sock.read(&mut buf).await;
-                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-                let _ = sock.write_all(head.as_bytes()).await;
-                let _ = sock.write_all(&body).await;
-                let _ = sock.shutdown().await;
-            });
-        }
-    });
-    format!("http://{addr}/guest.iso")
+    assert_eq!(common::guest::mounts_under(e.dir.path()), Vec::<String>::new(), "no mount anywhere");
 }
 
 /// A DataVolume imported over HTTP becomes the medium of the running VM's empty CD-ROM drive
@@ -651,13 +599,13 @@ async fn serve_file(body: Vec<u8>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_imported_iso_becomes_the_medium_of_the_empty_cdrom_drive_and_is_ejected() {
     let e = Env::start().await;
-    let iso = std::fs::read(guest_dir().join("guest.iso")).unwrap();
-    let url = serve_file(iso.clone()).await;
+    let iso = std::fs::read(common::guest::guest_dir().join("guest.iso")).unwrap();
+    let url = common::guest::serve_file(iso.clone()).await;
     let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "iso"},
                     "spec": {"source": {"http": {"url": url}}, "storage": {"resources": {"requests": {"storage": "64Mi"}}}}});
     let dvs: Api<api::DataVolume> = Api::namespaced(e.s.client.clone(), "default");
     dvs.create(&PostParams::default(), &serde_json::from_value(dv).unwrap()).await.unwrap();
-    let g = guest_dir();
+    let g = common::guest::guest_dir();
     let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "cd"},
         "spec": {"runStrategy": "Always", "template": {"spec": {
             "terminationGracePeriodSeconds": 1,

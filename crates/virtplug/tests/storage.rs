@@ -56,10 +56,6 @@ async fn env() -> Env {
     Env { s, root, pvcs, dvs, ctl }
 }
 
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
 fn claim(name: &str, size: &str, mode: &str) -> PersistentVolumeClaim {
     serde_json::from_value(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
         "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": mode, "resources": {"requests": {"storage": size}}}}))
@@ -122,7 +118,7 @@ async fn a_filesystem_claim_is_a_sparse_image_of_its_size_and_is_released_on_del
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_claim_is_a_loop_device_released_only_when_no_vmi_uses_it() {
-    if !is_root() {
+    if !common::guest::is_root() {
         eprintln!("skipped: Block claims need root for /dev/loop-control");
         return;
     }

@@ -3,8 +3,6 @@
 //! removal of the VMI finalizer — without starting anything. Tests that need a guest use the
 //! real node agent.
 
-use std::time::Duration;
-
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -53,7 +51,6 @@ pub async fn start(client: &kube::Client, name: &str) -> FakeNode {
                 .await;
             }
         }
-        tokio::time::sleep(Duration::from_secs(3600)).await;
     });
     FakeNode { task }
 }
