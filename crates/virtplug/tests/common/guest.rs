@@ -1,0 +1,57 @@
+//! What the guest-booting tests share: the test guest, root detection, the mounts of every
+//! namespace, and a loopback HTTP server for one file.
+
+use std::path::{Path, PathBuf};
+
+/// The test guest (`scripts/build-test-guest.sh`), or `$VIRTPLUG_GUEST_DIR`.
+pub fn guest_dir() -> PathBuf {
+    let dir = std::env::var_os("VIRTPLUG_GUEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/guest"), PathBuf::from);
+    assert!(dir.join("vmlinuz").is_file(), "no test guest in {}: run scripts/build-test-guest.sh", dir.display());
+    dir.canonicalize().expect("guest dir")
+}
+
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Every mount, in any process's namespace, whose mount point or source is under `dir`.
+pub fn mounts_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        if !p.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(p.path().join("mountinfo")) else { continue };
+        let Ok(mounts) = node::mountinfo::parse(&text) else { continue };
+        for m in mounts {
+            if m.mount_point.starts_with(dir) || Path::new(&m.source).starts_with(dir) {
+                out.push(format!("pid {}: {} on {}", p.file_name().to_string_lossy(), m.source, m.mount_point.display()));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Serves `body` at any path on a loopback port; returns the URL (`.../guest.iso`).
+pub async fn serve_file(body: Vec<u8>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = sock.read(&mut buf).await;
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+                let _ = sock.write_all(head.as_bytes()).await;
+                let _ = sock.write_all(&body).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    format!("http://{addr}/guest.iso")
+}
