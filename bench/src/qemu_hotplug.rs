@@ -70,6 +70,7 @@ async fn boot(args: &Args, dir: &std::path::Path) -> anyhow::Result<(Vm, f64)> {
         boot_disks: vec![],
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
         user_net: false,
+        own_mount_namespace: false,
     };
     let start = Instant::now();
     let process = qemu::process::launch(&spec).await?;

@@ -50,6 +50,12 @@ pub struct Config {
     /// (API server, controller, this agent) when the host is oversubscribed — the role
     /// `kube-reserved` plays for the kubelet. 0 runs them at the agent's own priority.
     pub vm_nice: i32,
+    /// How volumes reach QEMU: by fd (default) or by bind mounts (KubeVirt's way).
+    pub mode: crate::bindmount::AttachMode,
+    /// Bind-mount mode: the binary with the mount helper (default: this executable).
+    pub mount_helper: PathBuf,
+    /// Bind-mount mode: the cgroup v1 devices directory under which each VM gets its cgroup.
+    pub devices_cgroup: PathBuf,
 }
 
 impl Config {
@@ -64,6 +70,9 @@ impl Config {
             backoff: Backoff::default(),
             stop_grace: Duration::from_secs(30),
             vm_nice: 5,
+            mode: crate::bindmount::AttachMode::Fd,
+            mount_helper: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("virtplug")),
+            devices_cgroup: PathBuf::from(crate::bindmount::DEVICES_CGROUP),
         }
     }
 }
@@ -75,6 +84,21 @@ pub struct Shared {
     pub accel: qemu::accel::Resolved,
     /// Woken on any claim or DataVolume change.
     pub storage_changed: Notify,
+    /// Privileged effects of bind-mount mode.
+    pub host: Arc<dyn crate::bindmount::Privileged>,
+}
+
+impl Shared {
+    /// The bind-mount view of a running VM, in bind-mount mode.
+    #[must_use]
+    pub fn bind_vm(&self, uid: &str, pid: i32, run_dir: &std::path::Path) -> Option<crate::bindmount::Vm> {
+        (self.config.mode == crate::bindmount::AttachMode::BindMount).then(|| crate::bindmount::Vm {
+            host: Arc::clone(&self.host),
+            pid,
+            run_dir: run_dir.to_owned(),
+            cgroup: self.config.devices_cgroup.join(uid),
+        })
+    }
 }
 
 /// Errors that stop the agent.
@@ -137,7 +161,16 @@ pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError>
     register(&client, &config.node_name, &choice.reason)
         .await
         .map_err(|source| AgentError::Register { node: config.node_name.clone(), source })?;
-    let shared = Arc::new(Shared { client: client.clone(), config: config.clone(), accel: choice.accel, storage_changed: Notify::new() });
+    let host = Arc::new(crate::bindmount::Host { helper: config.mount_helper.clone() });
+    if config.mode == crate::bindmount::AttachMode::BindMount {
+        match crate::bindmount::share_storage_root(host.as_ref(), &config.storage_root) {
+            Ok(true) => tracing::info!("bind-mount mode: the storage root {} is a shared mount", config.storage_root.display()),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("bind-mount mode: {e}; VMs' namespaces may keep the storage filesystem alive after it is unmounted"),
+        }
+    }
+    let shared =
+        Arc::new(Shared { client: client.clone(), config: config.clone(), accel: choice.accel, storage_changed: Notify::new(), host });
 
     // Storage changes wake every worker.
     let storage = {

@@ -2,7 +2,8 @@
 //! directory (never rewritten in place; a crash leaves the old or the new file, whole).
 //!
 //! What is recorded is only what QEMU cannot tell after a restart: which VMI a QEMU belongs to
-//! ([`VmiRecord`], next to the QEMU's run dir). What is attached is asked of QEMU.
+//! ([`VmiRecord`], next to the QEMU's run dir), and in bind-mount mode the targets made in its
+//! namespace (`mounts.json`, see [`crate::bindmount`]). What is attached is asked of QEMU.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,9 @@ pub struct VmiRecord {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// Bind-mount mode: the VM's devices cgroup, removed when the VM is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
 }
 
 /// A record that could not be written or read, with its path.
@@ -83,7 +87,7 @@ mod tests {
     fn a_record_round_trips_and_leaves_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path().join("u1");
-        let r = VmiRecord { namespace: "default".into(), name: "vm".into(), uid: "u1".into() };
+        let r = VmiRecord { namespace: "default".into(), name: "vm".into(), uid: "u1".into(), cgroup: None };
         write_record(&run, &r).unwrap();
         write_record(&run, &r).unwrap();
         assert_eq!(records(dir.path()), [(run.clone(), r)]);

@@ -4,7 +4,9 @@
 //! Attach: claim ready → open the source (`AttachedToNode`) → `add-fd` + `blockdev-add` +
 //! `device_add` in one [`Machine::attach`] (or, for a CD-ROM medium,
 //! `blockdev-change-medium` into its drive) → `Ready`. In fd mode `MountedToPod` (fd inside
-//! QEMU) and `Ready` are reached by the same QMP sequence, so only `Ready` is reported.
+//! QEMU) and `Ready` are reached by the same QMP sequence, so only `Ready` is reported; in
+//! bind-mount mode ([`crate::bindmount`]) `MountedToPod` is reported once the target exists in
+//! QEMU's namespace, and QEMU opens the target.
 //! Detach: `Detaching` → `device_del` → `DEVICE_DELETED` (deadline) → `blockdev-del` → the
 //! entry is removed and a `VolumeUnplugged` Event is emitted; a CD-ROM medium is ejected.
 //!
@@ -30,6 +32,7 @@ use client::events::{self, EventType};
 use qemu::ops::{Attach, DeviceKind, Machine, Source};
 
 use crate::agent::Shared;
+use crate::bindmount::Vm;
 use crate::source::{self, SourceError};
 
 const COMPONENT: &str = "virtplug-node";
@@ -151,6 +154,16 @@ async fn open(shared: &Shared, ns: &str, volume: &Volume, readonly: bool) -> Res
     .map_err(|e| SourceError::NotReady(e.to_string()))?
 }
 
+/// Bind-mount mode: makes the opened volume reachable inside QEMU's namespace (a helper
+/// process; off the async threads).
+async fn expose(b: &Vm, volume: &str, opened: source::Opened, readonly: bool) -> Result<PathBuf, SourceError> {
+    let (b, volume) = (b.clone(), volume.to_owned());
+    tokio::task::spawn_blocking(move || b.expose(&volume, &opened, readonly))
+        .await
+        .map_err(|e| SourceError::NotReady(e.to_string()))?
+        .map_err(|e| SourceError::NotReady(format!("cannot bind-mount it: {}", client::error_chain(&e))))
+}
+
 /// One change to a `volumeStatus` entry.
 enum Change {
     Set { name: String, phase: &'static str, reason: &'static str, message: String },
@@ -207,7 +220,13 @@ fn entry<'a>(vmi: &'a VirtualMachineInstance, name: &str) -> Option<&'a VolumeSt
 }
 
 /// Reconciles the VMI's hot-plug volumes with QEMU. Returns when to retry if something waits.
-pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &Machine, volumes: &mut Volumes) -> Option<Duration> {
+pub async fn reconcile(
+    shared: &Shared,
+    vmi: &VirtualMachineInstance,
+    machine: &Machine,
+    bind: Option<&Vm>,
+    volumes: &mut Volumes,
+) -> Option<Duration> {
     let ns = vmi.namespace().unwrap_or_default();
     let object = format!("{ns}/{}", vmi.name_any());
     let wanted: Vec<(&Volume, &Disk)> = vmi
@@ -229,6 +248,8 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
     // The waiting volumes' new reasons and messages, written together at the end: one write
     // (and one watch event) per pass instead of one per volume.
     let mut waiting_changes: Vec<Change> = Vec::new();
+    // Bind-mount mode: the volumes QEMU holds at the end of the pass (their targets stay).
+    let mut held: Vec<String> = Vec::new();
 
     for (v, d) in &wanted {
         let is_cdrom = d.kind() == DiskKind::Cdrom;
@@ -239,6 +260,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
             attached.iter().any(|a| a.volume == v.name)
         };
         if present {
+            held.push(v.name.clone());
             volumes.forget(&v.name);
             if entry(vmi, &v.name).and_then(|e| e.phase.as_deref()) != Some("Ready") {
                 write(shared, vmi, vec![Change::ready(&v.name)]).await;
@@ -262,13 +284,33 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                 }],
             )
             .await;
+            let source = match bind {
+                None => Source::Fd(opened.fd),
+                Some(b) => {
+                    let t = Instant::now();
+                    let target = expose(b, &v.name, opened, d.readonly() || is_cdrom).await?;
+                    crate::metrics::observe("mount", t.elapsed().as_secs_f64());
+                    write(
+                        shared,
+                        vmi,
+                        vec![Change::Set {
+                            name: v.name.clone(),
+                            phase: "MountedToPod",
+                            reason: "VolumeMountedToPod",
+                            message: format!("Volume {} has been mounted in virt-launcher pod (at {})", v.name, target.display()),
+                        }],
+                    )
+                    .await;
+                    Source::Path(target)
+                }
+            };
             let t = Instant::now();
             let r = if is_cdrom {
-                machine.insert_medium(&d.name, &v.name, Source::Fd(opened.fd)).await
+                machine.insert_medium(&d.name, &v.name, source).await
             } else {
                 let kind = if d.kind() == DiskKind::Lun { DeviceKind::Lun } else { DeviceKind::Disk };
                 let serial = d.serial.clone().unwrap_or_else(|| v.name.clone());
-                machine.attach(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source: Source::Fd(opened.fd) }).await
+                machine.attach(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source }).await
             };
             crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
             r.map_err(|e| SourceError::NotReady(format!("QEMU refused the volume: {}", client::error_chain(&e))))
@@ -277,6 +319,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
         match result {
             Ok(()) => {
                 crate::metrics::observe("total", started.elapsed().as_secs_f64());
+                held.push(v.name.clone());
                 volumes.forget(&v.name);
                 write(shared, vmi, vec![Change::ready(&v.name)]).await;
                 tracing::info!("VMI {object}: volume {} attached", v.name);
@@ -352,6 +395,8 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                 .await;
                 write(shared, vmi, vec![Change::Remove(a.volume.clone())]).await;
                 tracing::info!("VMI {object}: volume {} detached", a.volume);
+                // Its target, if bind-mounted, is undone with the stale ones below.
+                held.retain(|h| h != &a.volume);
             }
             Err(e) => {
                 write(
@@ -365,6 +410,7 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                     }],
                 )
                 .await;
+                held.push(a.volume.clone());
                 retry = Some(retry.map_or(shared.config.backoff.base, |r| r.min(shared.config.backoff.base)));
             }
         }
@@ -404,7 +450,27 @@ pub async fn reconcile(shared: &Shared, vmi: &VirtualMachineInstance, machine: &
                     write(shared, vmi, vec![Change::Remove(m.clone())]).await;
                 }
             }
-            Err(e) => tracing::warn!("VMI {object}: cannot eject the medium of {}: {}", dr.id, client::error_chain(&e)),
+            Err(e) => {
+                held.extend(medium);
+                tracing::warn!("VMI {object}: cannot eject the medium of {}: {}", dr.id, client::error_chain(&e));
+            }
+        }
+    }
+    // Bind-mount mode: undo every target QEMU does not hold — volumes just detached, attaches
+    // that failed after the mount, and what an agent killed mid-way left (its records).
+    if let Some(b) = bind {
+        let b = b.clone();
+        let keep = held.clone();
+        let released =
+            tokio::task::spawn_blocking(move || b.release_all_except(&keep.iter().map(String::as_str).collect::<Vec<_>>())).await;
+        match released {
+            Ok(Ok(v)) if !v.is_empty() => tracing::info!("VMI {object}: bind mounts of {v:?} undone"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!("VMI {object}: {}", client::error_chain(&e));
+                retry = Some(retry.map_or(shared.config.backoff.base, |r| r.min(shared.config.backoff.base)));
+            }
+            Err(e) => tracing::warn!("VMI {object}: {e}"),
         }
     }
     // Entries of hot-plug volumes that are neither wanted nor in QEMU (removed while pending).

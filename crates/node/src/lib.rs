@@ -3,16 +3,19 @@
 //!
 //! Nothing is mounted into the VM's namespace and no device node or cgroup rule is created: the
 //! agent opens the volume ([`source`]) and passes the fd over QMP; when QEMU exits its fds close,
-//! so the volume's filesystem can be unmounted whether or not the agent is alive.
+//! so the volume's filesystem can be unmounted whether or not the agent is alive. KubeVirt's
+//! bind-mount way stays available as a setting ([`bindmount`]).
 //!
 //! - [`agent`]: node registration, the VMI watch, one worker per VMI, adoption after a restart;
 //! - [`worker`]: one VMI's QEMU (launch, adopt, stop) and its phase;
 //! - [`hotplug`]: the volumes of a running VMI against what QEMU reports, and `volumeStatus`;
 //! - [`source`]: a volume's source on this node, opened safely;
+//! - [`bindmount`]: bind-mount mode (targets in QEMU's mount namespace, device cgroup rules);
 //! - [`mountinfo`], [`checkpoint`], [`backoff`]: the parser, crash-safe records, the fallback wait.
 
 pub mod agent;
 pub mod backoff;
+pub mod bindmount;
 pub mod checkpoint;
 pub mod hotplug;
 pub mod metrics;

@@ -159,17 +159,28 @@ async fn boot_sources(shared: &Shared, vmi: &VirtualMachineInstance, run_dir: &P
 
 async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir: &Path) -> Result<Live, String> {
     std::fs::create_dir_all(run_dir).map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+    let uid = vmi.uid().unwrap_or_default();
+    let bind = shared.config.mode == crate::bindmount::AttachMode::BindMount;
     let record = crate::checkpoint::VmiRecord {
         namespace: vmi.namespace().unwrap_or_default(),
         name: vmi.name_any(),
-        uid: vmi.uid().unwrap_or_default(),
+        cgroup: bind.then(|| shared.config.devices_cgroup.join(&uid)),
+        uid,
     };
     crate::checkpoint::write_record(run_dir, &record).map_err(|e| e.to_string())?;
     let sources = boot_sources(shared, vmi, run_dir).await?;
     let name = format!("{}_{}", record.namespace, record.name);
-    let spec =
+    let mut spec =
         qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, |v| sources.get(&v.name).cloned()).map_err(|e| e.to_string())?;
+    spec.own_mount_namespace = bind;
     let process = qemu::process::launch(&spec).await.map_err(|e| client::error_chain(&e))?;
+    if let Some(cgroup) = &record.cgroup {
+        let join = crate::bindmount::Request::JoinCgroup { cgroup: cgroup.clone(), pid: process.pid };
+        if let Err(e) = shared.host.apply(&join, None) {
+            process.kill().await;
+            return Err(format!("bind-mount mode: {e}"));
+        }
+    }
     if shared.config.vm_nice != 0 {
         if let Err(e) = process.renice(shared.config.vm_nice) {
             tracing::warn!("VMI {}/{}: cannot set QEMU's nice value: {e}", record.namespace, record.name);
@@ -189,6 +200,19 @@ pub async fn stop_orphan(run_dir: &Path) {
         }
         if !p.wait_gone(Duration::from_secs(5)).await {
             p.kill().await;
+        }
+    }
+    forget(run_dir);
+}
+
+/// Removes what a VM whose QEMU is gone leaves on the node: its devices cgroup (bind-mount
+/// mode; its bind mounts went with QEMU's namespace) and its run dir.
+fn forget(run_dir: &Path) {
+    let record: Option<crate::checkpoint::VmiRecord> =
+        std::fs::read(run_dir.join("vmi.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    if let Some(cgroup) = record.and_then(|r| r.cgroup) {
+        if let Err(e) = crate::bindmount::remove_cgroup(&cgroup) {
+            tracing::warn!("{e}");
         }
     }
     let _ = std::fs::remove_dir_all(run_dir);
@@ -241,7 +265,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
             if let Some(l) = live.take() {
                 stop(l, Duration::from_secs(1)).await;
             }
-            let _ = std::fs::remove_dir_all(&run_dir);
+            forget(&run_dir);
             return;
         };
         last = Some(Arc::clone(&vmi));
@@ -262,7 +286,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
             } else if let Ok(p) = qemu::process::adopt(&run_dir) {
                 p.kill().await;
             }
-            let _ = std::fs::remove_dir_all(&run_dir);
+            forget(&run_dir);
             remove_finalizer(&shared, &vmi).await;
             return;
         }
@@ -307,7 +331,8 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
         let needed = force || generation != done_generation;
         let retry = match &live {
             Some(l) if phase(&vmi) == "Running" && needed => {
-                let r = crate::hotplug::reconcile(&shared, &vmi, &l.machine, &mut volumes).await;
+                let bind = shared.bind_vm(&uid, l.process.pid, &run_dir);
+                let r = crate::hotplug::reconcile(&shared, &vmi, &l.machine, bind.as_ref(), &mut volumes).await;
                 done_generation = generation;
                 force = false;
                 r

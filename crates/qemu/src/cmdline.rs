@@ -76,6 +76,10 @@ pub struct LaunchSpec {
     pub boot_disks: Vec<BootDisk>,
     pub cdrom_drives: Vec<CdromDrive>,
     pub user_net: bool,
+    /// Start QEMU in a mount namespace of its own (bind-mount mode), a downstream (slave) copy
+    /// of the launcher's: mounts made on the host reach it, mounts made inside it (the
+    /// hot-plugged volumes' bind mounts) stay inside and vanish with it.
+    pub own_mount_namespace: bool,
 }
 
 impl LaunchSpec {
@@ -290,6 +294,7 @@ pub fn from_vmi(
         boot_disks,
         cdrom_drives,
         user_net: false,
+        own_mount_namespace: false,
     })
 }
 

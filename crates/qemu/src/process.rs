@@ -58,14 +58,28 @@ pub async fn launch(spec: &LaunchSpec) -> Result<Process, ProcessError> {
         }
     }
     let binary = qemu_binary();
-    let out = tokio::process::Command::new(&binary)
-        .args(spec.args())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .map_err(|source| ProcessError::Spawn { binary: binary.clone(), source })?;
+    let mut cmd = tokio::process::Command::new(&binary);
+    cmd.args(spec.args()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    if spec.own_mount_namespace {
+        // SAFETY: the closure runs in the forked child between fork and exec, where only
+        // async-signal-safe work is allowed. It makes two raw system calls (unshare, mount) on a
+        // static C string and allocates nothing; an error is returned as an errno value. The
+        // child has one thread, so `unshare` cannot leave another thread with a different view
+        // (the caveat of `unshare_unsafe`, which is about CLONE_FILES, does not apply to NEWNS).
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(|| {
+                rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
+                // A downstream copy: the host's later mounts propagate in, ours never out.
+                rustix::mount::mount_change(
+                    c"/",
+                    rustix::mount::MountPropagationFlags::DOWNSTREAM | rustix::mount::MountPropagationFlags::REC,
+                )?;
+                Ok(())
+            });
+        }
+    }
+    let out = cmd.output().await.map_err(|source| ProcessError::Spawn { binary: binary.clone(), source })?;
     // With -daemonize the first process exits once QEMU is initialised (or has failed).
     if !out.status.success() {
         return Err(ProcessError::Failed { name: spec.name.clone(), stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned() });

@@ -66,6 +66,7 @@ fn launch_spec(dir: &Path) -> LaunchSpec {
         boot_disks: vec![],
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
         user_net: false,
+        own_mount_namespace: false,
     }
 }
 

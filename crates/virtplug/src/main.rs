@@ -74,6 +74,19 @@ pub fn default_data_dir() -> PathBuf {
 }
 
 fn main() -> std::process::ExitCode {
+    // The node agent's mount helper (bind-mount mode): one request, in this process while it
+    // is still single-threaded (`setns` into a mount namespace requires it), so before clap,
+    // logging or the runtime.
+    let mut args = std::env::args();
+    if args.nth(1).as_deref() == Some(node::bindmount::HELPER_SUBCOMMAND) {
+        return match node::bindmount::helper_main(&args.next().unwrap_or_default()) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let cli = Cli::parse();
     init_logging(&cli.log_format);
     // One crypto provider for every rustls user in the process (kube, the TLS listener).

@@ -45,6 +45,11 @@ pub struct UpArgs {
     /// oversubscribed host. 0 runs them at virtplug's own priority.
     #[arg(long, default_value_t = 5)]
     vm_nice: i32,
+    /// How hot-plugged volumes reach QEMU: `fd` (the agent opens the volume and passes the fd;
+    /// nothing is mounted) or `bind-mount` (KubeVirt's way: bind mounts and device nodes in the
+    /// VM's own mount namespace, block devices allowed in its cgroup v1 devices cgroup; root).
+    #[arg(long, default_value = "fd", value_parser = ["fd", "bind-mount"])]
+    attach_mode: String,
 }
 
 /// What `up` runs besides the API server.
@@ -53,6 +58,7 @@ struct UpOptions {
     accel: qemu::accel::Accel,
     stop_vms_on_exit: bool,
     vm_nice: i32,
+    attach_mode: node::bindmount::AttachMode,
 }
 
 /// Checks what `up` needs and says what is missing and how to fix it. Errors only for what makes
@@ -104,6 +110,19 @@ pub struct NodeArgs {
     /// Nice value of the VMs' QEMU processes (see `virtplug up --help`).
     #[arg(long, default_value_t = 5)]
     vm_nice: i32,
+    /// How hot-plugged volumes reach QEMU: `fd` (the agent opens the volume and passes the fd;
+    /// nothing is mounted) or `bind-mount` (KubeVirt's way: bind mounts and device nodes in the
+    /// VM's own mount namespace, block devices allowed in its cgroup v1 devices cgroup; root).
+    #[arg(long, default_value = "fd", value_parser = ["fd", "bind-mount"])]
+    attach_mode: String,
+}
+
+fn attach_mode(s: &str) -> node::bindmount::AttachMode {
+    if s == "bind-mount" {
+        node::bindmount::AttachMode::BindMount
+    } else {
+        node::bindmount::AttachMode::Fd
+    }
 }
 
 /// The host name, for the default node name.
@@ -134,6 +153,7 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     }
     config.accel = accel(&args.accel);
     config.vm_nice = args.vm_nice;
+    config.mode = attach_mode(&args.attach_mode);
     eprintln!(
         "virtplug node {}: running VMs from {} (Ctrl-C stops the agent; VMs keep running)",
         config.node_name,
@@ -189,6 +209,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         accel: accel(&args.accel),
         stop_vms_on_exit: args.stop_vms_on_exit,
         vm_nice: args.vm_nice,
+        attach_mode: attach_mode(&args.attach_mode),
     };
     run(config, args.listen, Some(up)).await
 }
@@ -224,6 +245,7 @@ async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions
         let mut node_config = node::agent::Config::new(&up.node_name, &config.data_dir);
         node_config.accel = up.accel;
         node_config.vm_nice = up.vm_nice;
+        node_config.mode = up.attach_mode;
         tokio::spawn(async move {
             if let Err(e) = node::agent::run(client, node_config).await {
                 tracing::error!("the node agent stopped: {e:#}");

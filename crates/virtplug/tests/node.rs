@@ -32,6 +32,8 @@ struct Env {
     pvcs: Api<PersistentVolumeClaim>,
     ctl: tokio::task::JoinHandle<()>,
     agent: Option<tokio::task::JoinHandle<()>>,
+    /// Bind-mount mode: the test's own devices cgroup directory (removed when dropped).
+    cgroup: Option<PathBuf>,
 }
 
 impl Drop for Env {
@@ -44,9 +46,21 @@ impl Drop for Env {
         for dir in std::fs::read_dir(self.state_dir().join("vmis")).into_iter().flatten().flatten() {
             if let Ok(p) = qemu::process::adopt(&dir.path()) {
                 if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
+                    let exit = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty());
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    // Gone before its cgroup is removed below.
+                    if let Ok(fd) = exit {
+                        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+                        let _ = rustix::event::poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 10, tv_nsec: 0 }));
+                    }
                 }
             }
+        }
+        if let Some(cg) = &self.cgroup {
+            for d in std::fs::read_dir(cg).into_iter().flatten().flatten().filter(|d| d.path().is_dir()) {
+                let _ = std::fs::remove_dir(d.path());
+            }
+            let _ = std::fs::remove_dir(cg);
         }
         for (dev, _) in controller::storage::loopdev::under(&self.storage_root()) {
             let _ = controller::storage::loopdev::detach(&dev);
@@ -59,7 +73,17 @@ impl Env {
         Self::start_in(tempfile::tempdir().unwrap()).await
     }
 
+    /// An agent in bind-mount mode, with a devices cgroup of the test's own.
+    async fn start_bind_in(dir: tempfile::TempDir) -> Env {
+        let cgroup = PathBuf::from(format!("/sys/fs/cgroup/devices/virtplug-test-{:016x}", rand::random::<u64>()));
+        Self::start_with(dir, Some(cgroup)).await
+    }
+
     async fn start_in(dir: tempfile::TempDir) -> Env {
+        Self::start_with(dir, None).await
+    }
+
+    async fn start_with(dir: tempfile::TempDir, cgroup: Option<PathBuf>) -> Env {
         let s = TestServer::start().await;
         std::fs::create_dir_all(dir.path().join("storage")).unwrap();
         let config = controller::run::Config { storage_root: Some(dir.path().join("storage")), ..Default::default() };
@@ -72,6 +96,7 @@ impl Env {
             dir,
             ctl,
             agent: None,
+            cgroup,
         };
         e.start_agent();
         e
@@ -98,6 +123,11 @@ impl Env {
         config.accel = qemu::accel::Accel::Tcg;
         config.stop_grace = Duration::from_secs(2);
         config.backoff = backoff;
+        if let Some(cg) = &self.cgroup {
+            config.mode = node::bindmount::AttachMode::BindMount;
+            config.mount_helper = PathBuf::from(env!("CARGO_BIN_EXE_virtplug"));
+            config.devices_cgroup = cg.clone();
+        }
         let client = client::in_process(self.s.server.local_router());
         self.agent = Some(tokio::spawn(async move {
             node::agent::run(client, config).await.unwrap();
@@ -371,6 +401,20 @@ async fn a_new_agent_adopts_running_vms_and_catches_up() {
 /// A tmpfs mounted by the test; unmounted (lazily, if still busy) when dropped.
 struct TmpfsMount(PathBuf);
 
+impl TmpfsMount {
+    /// Mounts a tmpfs at `at`, as a shared mount: VMs of concurrent bind-mount-mode tests run
+    /// in namespaces that copy the host's mounts, and only a shared mount's copies go when the
+    /// test unmounts it (the agent does the same to its storage root in bind-mount mode).
+    fn new(at: &Path) -> TmpfsMount {
+        std::fs::create_dir_all(at).unwrap();
+        rustix::mount::mount("tmpfs", at, "tmpfs", rustix::mount::MountFlags::empty(), Some(c"size=256m")).unwrap();
+        let m = TmpfsMount(at.to_owned());
+        let host = node::bindmount::Host { helper: PathBuf::from(env!("CARGO_BIN_EXE_virtplug")) };
+        assert!(node::bindmount::share_storage_root(&host, at).unwrap());
+        m
+    }
+}
+
 impl Drop for TmpfsMount {
     fn drop(&mut self) {
         let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
@@ -390,9 +434,7 @@ async fn when_the_agent_is_gone_and_the_vm_dies_the_storage_unmounts_at_once() {
     }
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("storage");
-    std::fs::create_dir_all(&storage).unwrap();
-    rustix::mount::mount("tmpfs", &storage, "tmpfs", rustix::mount::MountFlags::empty(), Some(c"size=256m")).unwrap();
-    let mount = TmpfsMount(storage.clone());
+    let mount = TmpfsMount::new(&storage);
     let mut e = Env::start_in(dir).await;
     e.claim("seed", "32Mi", "Filesystem").await;
     let vmi = e.vm("seed").await;
@@ -645,4 +687,181 @@ async fn an_imported_iso_becomes_the_medium_of_the_empty_cdrom_drive_and_is_ejec
     let spec = e.vmis.get("cd").await.unwrap().spec;
     assert!(spec.domain.devices.disks.iter().any(|d| d.name == "cd0"), "the drive stays");
     assert_eq!(e.vmis.get("cd").await.unwrap().uid(), vmi.uid(), "no restart");
+}
+
+impl Env {
+    /// Removes volume `volume` (and its disk) from the VM's spec.
+    async fn remove(&self, vm: &str, volume: &str) {
+        let spec = self.vms.get(vm).await.unwrap().spec.template.spec.unwrap();
+        let vi = spec.volumes.iter().position(|v| v.name == volume).unwrap();
+        let di = spec.domain.devices.disks.iter().position(|d| d.name == volume).unwrap();
+        self.patch_vm(
+            vm,
+            json!([
+                {"op": "test", "path": format!("/spec/template/spec/volumes/{vi}/name"), "value": volume},
+                {"op": "remove", "path": format!("/spec/template/spec/volumes/{vi}")},
+                {"op": "test", "path": format!("/spec/template/spec/domain/devices/disks/{di}/name"), "value": volume},
+                {"op": "remove", "path": format!("/spec/template/spec/domain/devices/disks/{di}")}
+            ]),
+        )
+        .await;
+    }
+}
+
+/// The mount points in the mount namespace of process `pid`.
+fn mount_points(pid: i32) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    node::mountinfo::parse(&text).unwrap().into_iter().map(|m| m.mount_point).collect()
+}
+
+fn bind_mode_possible() -> bool {
+    if !common::guest::is_root() || !Path::new("/sys/fs/cgroup/devices/devices.allow").exists() {
+        eprintln!("skipped: bind-mount mode needs root and the cgroup v1 devices controller");
+        return false;
+    }
+    true
+}
+
+fn records(run_dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(run_dir.join("mounts.json")).unwrap_or_else(|_| "[]".into());
+    let recs: Vec<node::bindmount::MountRecord> = serde_json::from_str(&text).unwrap();
+    recs.into_iter().map(|r| r.volume).collect()
+}
+
+/// Bind-mount mode (KubeVirt's way) with real namespaces, mounts, device nodes and the cgroup
+/// v1 devices controller: a Filesystem claim is bind-mounted and a Block claim's node created
+/// inside QEMU's own mount namespace (never the host's), the block device is allowed in the
+/// VM's devices cgroup only while plugged, the guest sees and loses both, `MountedToPod` is
+/// reported; after an agent restart a volume removed meanwhile and a stale mount left by an
+/// agent killed between mount and attach are both undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bind_mount_mode_plugs_through_the_vms_namespace_and_undoes_stale_mounts_after_a_restart() {
+    if !bind_mode_possible() {
+        return;
+    }
+    let mut e = Env::start_bind_in(tempfile::tempdir().unwrap()).await;
+    let fs = e.claim("fsdata", "64Mi", "Filesystem").await;
+    let fs_img = Path::new(&fs.metadata.annotations.as_ref().unwrap()["virtplug.io/local-path"]).join("disk.img");
+    std::fs::write(&fs_img, b"VP-FILESYSTEM-01").unwrap();
+    std::fs::File::options().write(true).open(&fs_img).unwrap().set_len(64 << 20).unwrap();
+    let b = e.claim("blkdata", "32Mi", "Block").await;
+    let loopdev = PathBuf::from(&b.metadata.annotations.as_ref().unwrap()["virtplug.io/loop-device"]);
+    std::io::Write::write_all(&mut std::fs::File::options().write(true).open(&loopdev).unwrap(), b"VP-BLOCKDEVICE01").unwrap();
+    let rdev = std::os::unix::fs::MetadataExt::rdev(&std::fs::metadata(&loopdev).unwrap());
+    let rule = format!("b {}:{} rw", rustix::fs::major(rdev), rustix::fs::minor(rdev));
+
+    let vmi = e.vm("guest").await;
+    let run_dir = e.run_dir(&vmi);
+    let q = qemu::process::adopt(&run_dir).unwrap();
+    // QEMU has a mount namespace and a devices cgroup of its own.
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    assert_ne!(ns(&q.pid.to_string()), ns("self"), "QEMU runs in its own mount namespace");
+    let cgroup = e.cgroup.clone().unwrap().join(vmi.uid().unwrap());
+    let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap();
+    assert!(procs.lines().any(|l| l == q.pid.to_string()), "QEMU in its devices cgroup: {procs}");
+    assert!(!std::fs::read_to_string(cgroup.join("devices.list")).unwrap().contains(&rule), "no block rule before the plug");
+
+    e.add("guest", "fsdata", "fsdata").await;
+    e.add("guest", "blkdata", "blkdata").await;
+    let fs_line = e.see(&vmi, "the Filesystem claim in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.fsdata")).await;
+    assert!(fs_line.contains(&format!(" {} ", 64u64 << 20 >> 9)) && fs_line.contains(&hex(b"VP-FILESYSTEM-01")), "{fs_line}");
+    let blk_line = e.see(&vmi, "the Block claim in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.blkdata")).await;
+    assert!(blk_line.contains(&format!(" {} ", 32u64 << 20 >> 9)) && blk_line.contains(&hex(b"VP-BLOCKDEVICE01")), "{blk_line}");
+
+    // volumeStatus walks AttachedToNode → MountedToPod → Ready.
+    for v in ["fsdata", "blkdata"] {
+        let st = e.volume_status("guest", v, "Ready").await;
+        let (a, m, r) = (st.entered("AttachedToNode").unwrap(), st.entered("MountedToPod").unwrap(), st.entered("Ready").unwrap());
+        assert!(a <= m && m <= r, "{st:?}");
+    }
+    // The bind mount exists in QEMU's namespace and not on the host; the block node is a
+    // device node of the loop device, allowed in the VM's cgroup.
+    let (fs_target, blk_target) = (run_dir.join("hotplug/fsdata"), run_dir.join("hotplug/blkdata"));
+    assert!(mount_points(q.pid).contains(&fs_target), "bind mount in QEMU's namespace");
+    assert!(!mount_points(std::process::id().cast_signed()).contains(&fs_target), "no mount on the host");
+    let node_meta = std::fs::symlink_metadata(&blk_target).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_block_device(&node_meta.file_type()));
+    assert_eq!(std::os::unix::fs::MetadataExt::rdev(&node_meta), rdev);
+    assert!(std::fs::read_to_string(cgroup.join("devices.list")).unwrap().lines().any(|l| l == rule), "the loop device allowed");
+    assert_eq!(records(&run_dir), ["fsdata", "blkdata"]);
+
+    // The agent dies. Meanwhile fsdata is removed from the spec, and a stale mount appears as
+    // an agent killed between the mount and `blockdev-add` leaves it (recorded, not in QEMU).
+    e.kill_agent().await;
+    e.remove("guest", "fsdata").await;
+    let ghost_dir = e.dir.path().join("ghost");
+    std::fs::create_dir_all(&ghost_dir).unwrap();
+    std::fs::write(ghost_dir.join("disk.img"), vec![0u8; 1 << 20]).unwrap();
+    let ghost = node::bindmount::Vm {
+        host: std::sync::Arc::new(node::bindmount::Host { helper: PathBuf::from(env!("CARGO_BIN_EXE_virtplug")) }),
+        pid: q.pid,
+        run_dir: run_dir.clone(),
+        cgroup: cgroup.clone(),
+    };
+    let ghost_target = ghost.expose("ghost", &node::source::open_image(&ghost_dir, false).unwrap(), false).unwrap();
+    assert!(mount_points(q.pid).contains(&ghost_target));
+
+    // A new agent: fsdata leaves the guest and its mount goes; the stale mount goes; blkdata stays.
+    e.start_agent();
+    e.see(&vmi, "the Filesystem disk gone", |l| l.starts_with(&format!("BLOCK- {} ", dev_of(&fs_line)))).await;
+    e.volume_gone("guest", "fsdata").await;
+    common::wait_until(SEE, "only blkdata recorded", || {
+        let r = records(&run_dir);
+        async move { (r == ["blkdata"]).then_some(()) }
+    })
+    .await;
+    let points = mount_points(q.pid);
+    assert!(!points.contains(&fs_target) && !points.contains(&ghost_target), "both mounts undone: {points:?}");
+    assert!(!fs_target.exists() && !ghost_target.exists(), "their targets removed");
+    assert!(blk_target.exists());
+
+    // blkdata unplugged: node removed, rule withdrawn.
+    e.remove("guest", "blkdata").await;
+    e.see(&vmi, "the Block disk gone", |l| l.starts_with(&format!("BLOCK- {} ", dev_of(&blk_line)))).await;
+    e.volume_gone("guest", "blkdata").await;
+    common::wait_until(SEE, "no records", || {
+        let r = records(&run_dir);
+        async move { r.is_empty().then_some(()) }
+    })
+    .await;
+    assert!(!blk_target.exists());
+    assert!(!std::fs::read_to_string(cgroup.join("devices.list")).unwrap().contains(&rule), "the rule withdrawn");
+    assert_eq!(e.lines(&vmi).iter().filter(|l| l.starts_with("VP-READY")).count(), 1, "the guest never restarted");
+
+    // Deleted: QEMU gone, its cgroup removed.
+    e.vms.delete("guest", &DeleteParams::default()).await.unwrap();
+    common::wait_until(SEE, "the VMI gone", || {
+        let vmis = e.vmis.clone();
+        async move { matches!(vmis.get_opt("guest").await, Ok(None)).then_some(()) }
+    })
+    .await;
+    assert!(!q.alive());
+    assert!(!cgroup.exists(), "the VM's cgroup removed");
+}
+
+/// The seed bug in bind-mount mode: the bind mount lives only in QEMU's namespace, so once
+/// the agent is gone and the VM dies, the storage filesystem unmounts at once and nothing of
+/// ours stays mounted in any namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_bind_mount_mode_too_the_storage_unmounts_at_once_when_the_vm_dies_without_the_agent() {
+    if !bind_mode_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("storage");
+    let mount = TmpfsMount::new(&storage);
+    let mut e = Env::start_bind_in(dir).await;
+    e.claim("seed", "32Mi", "Filesystem").await;
+    let vmi = e.vm("seed").await;
+    e.add("seed", "seed", "seed").await;
+    e.see(&vmi, "the disk in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.seed")).await;
+    let q = qemu::process::adopt(&e.run_dir(&vmi)).unwrap();
+    assert!(mount_points(q.pid).contains(&e.run_dir(&vmi).join("hotplug/seed")));
+
+    e.kill_agent().await;
+    rustix::process::kill_process(rustix::process::Pid::from_raw(q.pid).unwrap(), rustix::process::Signal::KILL).unwrap();
+    assert!(q.wait_gone(Duration::from_secs(10)).await, "QEMU exits");
+    rustix::mount::unmount(&storage, rustix::mount::UnmountFlags::empty()).expect("the storage filesystem unmounts at once");
+    std::mem::forget(mount);
+    assert_eq!(common::guest::mounts_under(e.dir.path()), Vec::<String>::new(), "no mount left in any namespace");
 }
