@@ -7,8 +7,9 @@
 //! 2. VMIs are watched with the label `kubevirt.io/nodeName=NODE` (set by the controller with
 //!    `status.nodeName`); each VMI UID gets a worker that owns its QEMU and QMP connection and
 //!    receives every new version of the VMI.
-//! 3. Claims and DataVolumes are watched too: any change wakes every worker, so a volume waiting
-//!    for its storage attaches within one wake-up of the storage appearing (no polling).
+//! 3. Claims and DataVolumes are watched too, and the mount table (`POLLPRI` on
+//!    `/proc/self/mountinfo`): any change wakes every worker, so a volume waiting for its storage
+//!    attaches within one wake-up of the storage appearing (no polling).
 //! 4. After the first full list, run dirs whose VMI no longer exists are stopped and removed
 //!    (their VMI was deleted while the agent was down).
 //!
@@ -189,6 +190,8 @@ pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError>
         })
     };
 
+    let mounts = watch_mounts(Arc::clone(&shared));
+
     let mut workers: HashMap<String, Worker> = HashMap::new();
     let mut listed: HashSet<String> = HashSet::new();
     let selector = format!("kubevirt.io/nodeName={}", config.node_name);
@@ -237,5 +240,39 @@ pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError>
         }
     }
     storage.abort();
+    mounts.abort();
     Ok(())
+}
+
+/// Wakes every worker when this node's mount table changes (`POLLPRI` on
+/// `/proc/self/mountinfo`, through the runtime's epoll; no thread, no polling): storage that
+/// becomes reachable by a mount (a filesystem mounted under the storage root, an attachment's
+/// mount in cluster mode) is retried at once instead of at the next backoff.
+fn watch_mounts(shared: Arc<Shared>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        // `with_interest` is deprecated for fds the AsyncFd does not own (they could be closed
+        // while registered); this one owns its File, which closes only when it is dropped.
+        #[allow(deprecated)]
+        let watched = std::fs::File::open("/proc/self/mountinfo")
+            .and_then(|f| tokio::io::unix::AsyncFd::with_interest(f, tokio::io::Interest::PRIORITY));
+        let afd = match watched {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("cannot watch /proc/self/mountinfo ({e}); mounts are noticed at the next backoff");
+                return;
+            }
+        };
+        loop {
+            match afd.ready(tokio::io::Interest::PRIORITY).await {
+                Ok(mut g) => {
+                    g.clear_ready();
+                    shared.storage_changed.notify_waiters();
+                }
+                Err(e) => {
+                    tracing::warn!("watching /proc/self/mountinfo failed ({e}); mounts are noticed at the next backoff");
+                    return;
+                }
+            }
+        }
+    })
 }

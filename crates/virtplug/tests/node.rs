@@ -865,3 +865,31 @@ async fn in_bind_mount_mode_too_the_storage_unmounts_at_once_when_the_vm_dies_wi
     std::mem::forget(mount);
     assert_eq!(common::guest::mounts_under(e.dir.path()), Vec::<String>::new(), "no mount left in any namespace");
 }
+
+/// Storage can become reachable by a mount (a filesystem mounted under the storage root, an
+/// attachment's mount in cluster mode) with no API object changing. A volume waits for a claim
+/// with a 10-minute backoff, so nothing but the mount-table notification (`POLLPRI` on
+/// `/proc/self/mountinfo`) can make the agent try again soon: a mount makes it try at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_of_the_mount_table_wakes_a_waiting_volume_at_once() {
+    if !common::guest::is_root() {
+        eprintln!("skipped: mounting needs root");
+        return;
+    }
+    let mut e = Env::start().await;
+    e.kill_agent().await;
+    let long = Duration::from_secs(600);
+    e.start_agent_with(node::backoff::Backoff { base: long, cap: long, deadline: long });
+    e.vm("mnt").await;
+    e.add("mnt", "absent", "absent").await;
+    let st = e.volume_status("mnt", "absent", "Pending").await;
+    assert!(st.message.as_deref().unwrap_or("").contains("absent"), "{st:?}");
+    let attempts = node::metrics::get().attempts.get();
+
+    let _fs = TmpfsMount::new(&e.dir.path().join("appeared"));
+    common::wait_until(Duration::from_secs(10), "another attempt after the mount", || {
+        let now = node::metrics::get().attempts.get();
+        async move { (now > attempts).then_some(()) }
+    })
+    .await;
+}
