@@ -30,6 +30,17 @@ struct Args {
     boots: usize,
     #[arg(long, default_value = "tcg")]
     accel: String,
+    /// Fleet mode (P2's floor): boot this many VMs and plug `--fleet-volumes` volumes into each
+    /// directly over QMP, all VMs at once, then unplug them; no control plane.
+    #[arg(long, default_value_t = 0)]
+    fleet_vms: usize,
+    #[arg(long, default_value_t = 8)]
+    fleet_volumes: usize,
+    /// Fleet mode: the guests' memory (P2 uses 160 MiB) and `/sys/block` poll period (`vp.poll`).
+    #[arg(long, default_value_t = 160)]
+    fleet_memory_mib: u64,
+    #[arg(long, default_value = "0.01")]
+    guest_poll: String,
 }
 
 struct Vm {
@@ -56,16 +67,20 @@ fn stats(mut v: Vec<f64>) -> String {
 }
 
 async fn boot(args: &Args, dir: &std::path::Path) -> anyhow::Result<(Vm, f64)> {
+    boot_with(args, dir, 256, "console=ttyS0 quiet panic=-1 mitigations=off", Duration::from_secs(120)).await
+}
+
+async fn boot_with(args: &Args, dir: &std::path::Path, memory_mib: u64, cmdline: &str, deadline: Duration) -> anyhow::Result<(Vm, f64)> {
     let spec = LaunchSpec {
         name: "bench".into(),
         run_dir: dir.to_owned(),
-        memory_mib: 256,
+        memory_mib,
         vcpus: 1,
         accel: if args.accel == "kvm" { Resolved::Kvm } else { Resolved::Tcg },
         kernel: Some(KernelBoot {
             kernel: args.guest.join("vmlinuz"),
             initrd: Some(args.guest.join("initramfs.cpio.gz")),
-            cmdline: "console=ttyS0 quiet panic=-1 mitigations=off".into(),
+            cmdline: cmdline.into(),
         }),
         boot_disks: vec![],
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
@@ -76,7 +91,7 @@ async fn boot(args: &Args, dir: &std::path::Path) -> anyhow::Result<(Vm, f64)> {
     let process = qemu::process::launch(&spec).await?;
     let mut console = Console::connect(&spec.serial_socket(), Duration::from_secs(5)).await?;
     let qmp = Qmp::connect_within(&spec.qmp_socket(), Duration::from_secs(5)).await?;
-    let ready = console.wait_for(Duration::from_secs(120), |l| l.starts_with("VP-READY")).await.context("no VP-READY")?;
+    let ready = console.wait_for(deadline, |l| l.starts_with("VP-READY")).await.context("no VP-READY")?;
     Ok((Vm { process, machine: Machine::new(qmp), console }, ready.at.duration_since(start).as_secs_f64() * 1000.0))
 }
 
@@ -84,6 +99,9 @@ async fn boot(args: &Args, dir: &std::path::Path) -> anyhow::Result<(Vm, f64)> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let tmp = tempfile::tempdir()?;
+    if args.fleet_vms > 0 {
+        return fleet(&args, tmp.path()).await;
+    }
     let mut boots = Vec::new();
     for i in 0..args.boots {
         let (vm, ms) = boot(&args, &tmp.path().join(format!("boot{i}"))).await?;
@@ -144,5 +162,80 @@ async fn main() -> anyhow::Result<()> {
     println!("| attach by fd → guest has read size, content, serial (`BLOCK+`) | {} |", stats(plug));
     println!("| detach → guest `BLOCK-` | {} |", stats(gone));
     println!("| detach → complete (DEVICE_DELETED, blockdev-del) | {} |", stats(detach_done));
+    Ok(())
+}
+
+/// P2's floor: the same fleet and volumes as P2, plugged and unplugged straight over QMP (one
+/// task per VM attaching its volumes in turn by fd, as the node agent's worker does), timed to
+/// the moment every guest has reported every disk.
+async fn fleet(args: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
+    let cmdline = format!("console=ttyS0 quiet panic=-1 mitigations=off vp.poll={}", args.guest_poll);
+    let t = Instant::now();
+    let boots = (0..args.fleet_vms).map(|i| {
+        let cmdline = cmdline.clone();
+        async move { boot_with(args, &dir.join(format!("vm{i}")), args.fleet_memory_mib, &cmdline, Duration::from_secs(900)).await }
+    });
+    let mut vms: Vec<Vm> =
+        futures::future::join_all(boots).await.into_iter().map(|r| r.map(|(vm, _)| vm)).collect::<anyhow::Result<_>>()?;
+    println!("fleet: {} VMs ready after {:.1} s (guest poll {} s)", vms.len(), t.elapsed().as_secs_f64(), args.guest_poll);
+
+    // QMP round trip with every guest running (20 per VM, all VMs at once).
+    let rtts = vms.iter().map(|vm| async move {
+        let mut v = Vec::new();
+        for _ in 0..20 {
+            let t = Instant::now();
+            vm.machine.qmp.execute("query-status", serde_json::json!({})).await?;
+            v.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        anyhow::Ok(v)
+    });
+    let rtt: Vec<f64> = futures::future::join_all(rtts).await.into_iter().collect::<anyhow::Result<Vec<_>>>()?.concat();
+    println!("| measure (ms) | p50 | p99 | max | n |");
+    println!("|---|---:|---:|---:|---:|");
+    println!("| QMP round trip, all {} VMs at once | {} |", vms.len(), stats(rtt));
+
+    for i in 0..vms.len() {
+        for j in 0..args.fleet_volumes {
+            let mut f = std::fs::File::create(dir.join(format!("vm{i}-{j}.img")))?;
+            f.write_all(format!("VP-FLEET-{i:03}-{j:03}").as_bytes())?;
+            f.set_len(4 << 20)?;
+        }
+    }
+    for plug in [true, false] {
+        let t = Instant::now();
+        let runs = vms.iter_mut().enumerate().map(|(i, vm)| async move {
+            for j in 0..args.fleet_volumes {
+                let volume = format!("f{j}");
+                if plug {
+                    let fd = std::fs::OpenOptions::new().read(true).write(true).open(dir.join(format!("vm{i}-{j}.img")))?;
+                    let a = Attach {
+                        volume: volume.clone(),
+                        serial: volume,
+                        kind: DeviceKind::Disk,
+                        readonly: false,
+                        source: Source::Fd(fd.into()),
+                    };
+                    vm.machine.attach(a).await?;
+                } else {
+                    vm.machine.detach(&volume).await?;
+                }
+            }
+            let qmp_done = t.elapsed().as_secs_f64();
+            for _ in 0..args.fleet_volumes {
+                let want = if plug { "BLOCK+" } else { "BLOCK-" };
+                vm.console.wait_for(Duration::from_secs(600), |l| l.starts_with(want)).await.context("a guest did not converge")?;
+            }
+            anyhow::Ok((qmp_done, t.elapsed().as_secs_f64()))
+        });
+        let done: Vec<(f64, f64)> = futures::future::join_all(runs).await.into_iter().collect::<anyhow::Result<_>>()?;
+        let (qmp_last, last) = done.iter().fold((0.0f64, 0.0f64), |(a, b), (q, d)| (a.max(*q), b.max(*d)));
+        let first = done.iter().map(|(_, d)| *d).fold(f64::MAX, f64::min);
+        println!(
+            "fleet {}: {} VMs × {} volumes straight over QMP: every QMP call done {qmp_last:.2} s, every guest converged {last:.2} s (first guest {first:.2} s)",
+            if plug { "plug" } else { "unplug" },
+            vms.len(),
+            args.fleet_volumes
+        );
+    }
     Ok(())
 }

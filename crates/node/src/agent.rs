@@ -57,6 +57,8 @@ pub struct Config {
     pub mount_helper: PathBuf,
     /// Bind-mount mode: the cgroup v1 devices directory under which each VM gets its cgroup.
     pub devices_cgroup: PathBuf,
+    /// Cluster mode: the kubelet's pods dir, where an attachment pod's `hp.sock` is found.
+    pub kubelet_pods_dir: PathBuf,
 }
 
 impl Config {
@@ -74,6 +76,7 @@ impl Config {
             mode: crate::bindmount::AttachMode::Fd,
             mount_helper: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("virtplug")),
             devices_cgroup: PathBuf::from(crate::bindmount::DEVICES_CGROUP),
+            kubelet_pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
         }
     }
 }

@@ -132,8 +132,18 @@ pub async fn claim_path(shared: &Shared, ns: &str, claim: &str, data_volume: boo
     }
 }
 
-/// Opens the source of a hot-plug volume.
-async fn open(shared: &Shared, ns: &str, volume: &Volume, readonly: bool) -> Result<source::Opened, SourceError> {
+/// Opens the source of a hot-plug volume: from the local provisioner's storage root, or — in
+/// cluster mode, when the volume's status names its attachment pod (`attachPodUID`, published
+/// by KubeVirt's virt-controller) — inside that pod: a Filesystem claim's `disk.img` at
+/// `/<volume>/disk.img`, a Block claim's device at `/path/<volume>/<claim uid>` (where
+/// KubeVirt's attachment pod has them).
+async fn open(
+    shared: &Shared,
+    ns: &str,
+    volume: &Volume,
+    readonly: bool,
+    attach_pod: Option<String>,
+) -> Result<source::Opened, SourceError> {
     source::check_name("volume name", &volume.name)?;
     let (claim, dv) = match (&volume.persistent_volume_claim, &volume.data_volume) {
         (Some(p), _) => (p.claim_name.clone(), false),
@@ -141,6 +151,21 @@ async fn open(shared: &Shared, ns: &str, volume: &Volume, readonly: bool) -> Res
         _ => return Err(SourceError::Refused(format!("volume {} has no claim or DataVolume", volume.name))),
     };
     let pvc = ready_claim(shared, ns, &claim, dv).await?;
+    if let Some(pod) = attach_pod {
+        let pods_dir = shared.config.kubelet_pods_dir.clone();
+        let block = is_block(&pvc);
+        let path = if block {
+            PathBuf::from("/path").join(&volume.name).join(pvc.uid().unwrap_or_default())
+        } else {
+            PathBuf::from("/").join(&volume.name).join("disk.img")
+        };
+        return tokio::task::spawn_blocking(move || {
+            let pid = source::attachment_pod_pid(&pods_dir, &pod)?;
+            source::open_in_pod(pid, &path, readonly, block)
+        })
+        .await
+        .map_err(|e| SourceError::NotReady(e.to_string()))?;
+    }
     let dir = claim_dir(shared, &pvc)?;
     tokio::task::spawn_blocking(move || {
         if is_block(&pvc) {
@@ -271,7 +296,8 @@ pub async fn reconcile(
         let started = volumes.waiting.get(&v.name).map_or_else(Instant::now, |w| w.since);
         let result = async {
             let t = Instant::now();
-            let opened = open(shared, &ns, v, d.readonly()).await?;
+            let attach_pod = entry(vmi, &v.name).and_then(|e| e.hotplug_volume.as_ref()).and_then(|h| h.attach_pod_uid.clone());
+            let opened = open(shared, &ns, v, d.readonly(), attach_pod).await?;
             crate::metrics::observe("open", t.elapsed().as_secs_f64());
             write(
                 shared,

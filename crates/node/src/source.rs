@@ -11,6 +11,9 @@
 //!   `block.img`, and `fstat` says it is a block device.
 //! - Every fd is `O_CLOEXEC`, read-only when the disk is (QEMU's open mode must match).
 //!
+//! In cluster mode a volume lives in its attachment pod and is opened through the pod process's
+//! root ([`attachment_pod_pid`], [`open_in_pod`]) with the same resolve rules.
+//!
 //! The device permission check is the `open` itself (the agent's own credentials): no `mknod`,
 //! no device-cgroup rule.
 
@@ -114,6 +117,66 @@ pub fn open_block(device: Option<PathBuf>, backing: &Path, readonly: bool) -> Re
     Ok(Opened { fd, path: dev, block: true })
 }
 
+/// Cluster mode: the PID of the process of attachment pod `pod_uid` (KubeVirt's `hp-volume-*`
+/// pod) on this node — the peer (`SO_PEERCRED`) of the socket its process listens on,
+/// `PODS_DIR/<uid>/volumes/kubernetes.io~empty-dir/hotplug-disks/hp.sock`, as KubeVirt's
+/// virt-handler finds it. The socket is reached through the directory's fd, so a long pods dir
+/// cannot exceed the 108-byte socket path limit.
+///
+/// # Errors
+/// `Refused` for a UID that is not a UUID; `NotReady` while the pod's socket is not there.
+pub fn attachment_pod_pid(pods_dir: &Path, pod_uid: &str) -> Result<i32, SourceError> {
+    if pod_uid.is_empty() || !pod_uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        return Err(SourceError::Refused(format!("attachment pod UID {pod_uid:?} is not a UUID")));
+    }
+    let dir = pods_dir.join(pod_uid).join("volumes/kubernetes.io~empty-dir/hotplug-disks");
+    let not_ready = |why: String| SourceError::NotReady(format!("attachment pod {pod_uid} is not ready on this node ({why})"));
+    let dfd = rustix::fs::open(&dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| not_ready(format!("{}: {e}", dir.display())))?;
+    let via_fd = format!("/proc/self/fd/{}/hp.sock", std::os::fd::AsRawFd::as_raw_fd(&dfd));
+    let stream = std::os::unix::net::UnixStream::connect(&via_fd).map_err(|e| not_ready(format!("{}/hp.sock: {e}", dir.display())))?;
+    let cred = rustix::net::sockopt::socket_peercred(&stream).map_err(|e| not_ready(format!("SO_PEERCRED: {e}")))?;
+    Ok(cred.pid.as_raw_nonzero().get())
+}
+
+/// Cluster mode: opens `path` as seen by process `pid` — inside its root and mount namespace,
+/// through `/proc/PID/root` — resolving it as if that root were `/` and following no symlink, so
+/// neither `..` nor a link can leave the pod. `block` says whether a block device or a regular
+/// file is expected.
+///
+/// # Errors
+/// `NotReady` while the path does not exist; `Refused` for a symlink or the wrong file type.
+pub fn open_in_pod(pid: i32, path: &Path, readonly: bool, block: bool) -> Result<Opened, SourceError> {
+    let root_path = PathBuf::from(format!("/proc/{pid}/root"));
+    let shown = PathBuf::from(format!("/proc/{pid}/root{}", path.display()));
+    let root = rustix::fs::open(&root_path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| SourceError::NotReady(format!("attachment pod process {pid} is gone: {e}")))?;
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let access = if readonly { OFlags::RDONLY } else { OFlags::RDWR };
+    let resolve = ResolveFlags::IN_ROOT | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let fd = match rustix::fs::openat2(&root, rel, access | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::empty(), resolve) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Err(SourceError::NotReady(format!("{} does not exist yet", shown.display()))),
+        Err(rustix::io::Errno::LOOP | rustix::io::Errno::XDEV) => {
+            return Err(SourceError::Refused(format!(
+                "{} is or passes through a symlink; refusing to follow it (it could point outside the pod)",
+                shown.display()
+            )));
+        }
+        Err(e) => return Err(SourceError::Open { path: shown, source: e.into() }),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(|e| SourceError::Open { path: shown.clone(), source: e.into() })?;
+    let want = if block { rustix::fs::FileType::BlockDevice } else { rustix::fs::FileType::RegularFile };
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != want {
+        return Err(SourceError::Refused(format!(
+            "{} is not a {}; refusing it",
+            shown.display(),
+            if block { "block device" } else { "regular file" }
+        )));
+    }
+    Ok(Opened { fd, path: shown, block })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +213,25 @@ mod tests {
             Err(SourceError::Refused(m)) => assert!(m.contains("symlink"), "{m}"),
             other => panic!("a symlink must be refused, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn cluster_mode_paths_resolve_inside_the_process_root_without_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("disk.img"), b"x").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.path().join("link.img")).unwrap();
+        let me = i32::try_from(std::process::id()).unwrap();
+        let ok = open_in_pod(me, &dir.path().join("disk.img"), true, false).unwrap();
+        assert!(ok.path.starts_with(format!("/proc/{me}/root/")), "{:?}", ok.path);
+        assert!(
+            matches!(open_in_pod(me, &dir.path().join("link.img"), true, false), Err(SourceError::Refused(m)) if m.contains("symlink"))
+        );
+        assert!(matches!(open_in_pod(me, &dir.path().join("nope.img"), true, false), Err(SourceError::NotReady(_))));
+        assert!(
+            matches!(open_in_pod(me, &dir.path().join("disk.img"), true, true), Err(SourceError::Refused(m)) if m.contains("block device"))
+        );
+        assert!(matches!(attachment_pod_pid(dir.path(), "../x"), Err(SourceError::Refused(_))));
+        assert!(matches!(attachment_pod_pid(dir.path(), "0a1b-2c"), Err(SourceError::NotReady(m)) if m.contains("not ready")));
     }
 
     #[test]

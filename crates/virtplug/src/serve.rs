@@ -63,7 +63,7 @@ struct UpOptions {
 
 /// Checks what `up` needs and says what is missing and how to fix it. Errors only for what makes
 /// VMs impossible (no QEMU); the rest is reported.
-fn preflight(accel: qemu::accel::Accel) -> anyhow::Result<()> {
+fn preflight(accel: qemu::accel::Accel, mode: node::bindmount::AttachMode) -> anyhow::Result<()> {
     let binary = qemu::process::qemu_binary();
     let found = if binary.components().count() > 1 {
         binary.is_file().then(|| binary.clone())
@@ -85,6 +85,24 @@ fn preflight(accel: qemu::accel::Accel) -> anyhow::Result<()> {
         println!("  Block claims: yes (/dev/loop-control is writable)");
     } else {
         println!("  Block claims: NO — /dev/loop-control is not writable (run as root, or with CAP_SYS_ADMIN); Filesystem claims work");
+    }
+    if mode == node::bindmount::AttachMode::BindMount {
+        let devices = std::path::Path::new(node::bindmount::DEVICES_CGROUP).parent().map(|p| p.join("devices.allow"));
+        if !rustix::process::geteuid().is_root() {
+            anyhow::bail!(
+                "--attach-mode bind-mount needs root (mount namespaces, mounts, device nodes); run as root or use --attach-mode fd"
+            );
+        }
+        if !devices.as_deref().is_some_and(std::path::Path::exists) {
+            anyhow::bail!(
+                "--attach-mode bind-mount needs the cgroup v1 devices controller at {} (cgroup v2 device programs are not \
+                 implemented); use --attach-mode fd",
+                node::bindmount::DEVICES_CGROUP
+            );
+        }
+        println!("  attach mode: bind-mount (VM mount namespaces, devices cgroups under {})", node::bindmount::DEVICES_CGROUP);
+    } else {
+        println!("  attach mode: fd (nothing is mounted into VMs)");
     }
     Ok(())
 }
@@ -203,7 +221,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let mut config = apiserver::Config::new(&data_dir);
     config.metrics = Some(registry());
     println!("virtplug up: checking prerequisites");
-    preflight(accel(&args.accel))?;
+    preflight(accel(&args.accel), attach_mode(&args.attach_mode))?;
     let up = UpOptions {
         node_name: args.node_name.unwrap_or_else(host_name),
         accel: accel(&args.accel),

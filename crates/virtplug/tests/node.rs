@@ -123,6 +123,7 @@ impl Env {
         config.accel = qemu::accel::Accel::Tcg;
         config.stop_grace = Duration::from_secs(2);
         config.backoff = backoff;
+        config.kubelet_pods_dir = self.dir.path().join("pods");
         if let Some(cg) = &self.cgroup {
             config.mode = node::bindmount::AttachMode::BindMount;
             config.mount_helper = PathBuf::from(env!("CARGO_BIN_EXE_virtplug"));
@@ -892,4 +893,103 @@ async fn a_change_of_the_mount_table_wakes_a_waiting_volume_at_once() {
         async move { (now > attempts).then_some(()) }
     })
     .await;
+}
+
+/// A stand-in for KubeVirt's attachment pod (named as such: there is no kubelet here): a
+/// process in a mount namespace and root of its own (a tmpfs with the host's `/usr`), with the
+/// claim's filesystem mounted at `/<volume>` — visible only inside it — and a listener on
+/// `hp.sock` in the emptyDir shared with the host, as KubeVirt's attachment pod has them. Killed
+/// by PID when dropped; its namespace and mounts go with it.
+struct FakeAttachmentPod {
+    child: std::process::Child,
+}
+
+impl FakeAttachmentPod {
+    fn start(root: &Path, emptydir: &Path, volume: &str, content: &[u8]) -> FakeAttachmentPod {
+        std::fs::create_dir_all(root).unwrap();
+        std::fs::create_dir_all(emptydir).unwrap();
+        let script = r#"set -e
+R="$1"; V="$2"; E="$3"; C="$4"
+mount -t tmpfs pod-root "$R"
+mkdir -p "$R/usr" "$R/$V" "$R/escape" "$R/hotplug-disks"
+mount --rbind /usr "$R/usr"
+for d in bin lib lib64 sbin; do ln -s "usr/$d" "$R/$d"; done
+mount -t tmpfs pvc "$R/$V"
+printf '%s' "$C" > "$R/$V/disk.img"
+truncate -s 16M "$R/$V/disk.img"
+ln -s ../../../../../../etc/hostname "$R/escape/disk.img"
+mount --bind "$E" "$R/hotplug-disks"
+exec chroot "$R" python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind("/hotplug-disks/hp.sock")
+s.listen(16)
+print("ready", flush=True)
+while True:
+    s.accept()[0].close()
+'
+"#;
+        let mut child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", script, "pod"])
+            .arg(root)
+            .arg(volume)
+            .arg(emptydir)
+            .arg(std::str::from_utf8(content).unwrap())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare (util-linux)");
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the stand-in pod started");
+        FakeAttachmentPod { child }
+    }
+}
+
+impl Drop for FakeAttachmentPod {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Cluster mode's source: the volume lives in its attachment pod — on a filesystem mounted only
+/// inside the pod's mount namespace, under the pod's own root — and the agent finds the pod's
+/// process by its `hp.sock` (`SO_PEERCRED`) and opens `/<volume>/disk.img` through
+/// `/proc/PID/root` without following symlinks. The guest reads the pod's bytes (the local
+/// claim's image holds zeros), and a symlink in the pod pointing out of it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_cluster_mode_a_volume_is_opened_inside_its_attachment_pod() {
+    if !common::guest::is_root() {
+        eprintln!("skipped: the stand-in attachment pod needs root (mount namespace, chroot)");
+        return;
+    }
+    let mut e = Env::start().await;
+    e.claim("podvol", "16Mi", "Filesystem").await;
+    let vmi = e.vm("cluster").await;
+    let pod_uid = "0f8e2c1a-5b7d-4e3f-9a6b-1c2d3e4f5a6b";
+    let emptydir = e.dir.path().join("pods").join(pod_uid).join("volumes/kubernetes.io~empty-dir/hotplug-disks");
+    let pod = FakeAttachmentPod::start(&e.dir.path().join("podroot"), &emptydir, "podvol", b"VP-FROM-THE-POD1");
+    let pid = node::source::attachment_pod_pid(&e.dir.path().join("pods"), pod_uid).unwrap();
+    assert_eq!(pid, i32::try_from(pod.child.id()).unwrap(), "the pod's process, by SO_PEERCRED (chroot exec'd python in place)");
+    assert!(!e.dir.path().join("podroot/podvol/disk.img").exists(), "the pod's filesystem is not visible on the host");
+    let escape = node::source::open_in_pod(pid, Path::new("/escape/disk.img"), true, false).unwrap_err();
+    assert!(escape.to_string().contains("symlink"), "{escape}");
+
+    // The agent is stopped while the volume enters the spec and its status names the pod — as
+    // KubeVirt's virt-controller publishes `attachPodUID` once the attachment pod runs.
+    e.kill_agent().await;
+    e.add("cluster", "podvol", "podvol").await;
+    e.volume_status("cluster", "podvol", "Bound").await;
+    client::update_status(&e.vmis, "cluster", |v: &mut VirtualMachineInstance| {
+        if let Some(st) = v.status.as_mut().and_then(|s| s.volume_status.iter_mut().find(|x| x.name == "podvol")) {
+            st.hotplug_volume.get_or_insert_with(Default::default).attach_pod_uid = Some(pod_uid.to_owned());
+        }
+    })
+    .await
+    .unwrap();
+    e.start_agent();
+    let line = e.see(&vmi, "the pod's disk in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.podvol")).await;
+    assert!(line.contains(&hex(b"VP-FROM-THE-POD1")), "the bytes come from inside the pod: {line}");
+    let st = e.volume_status("cluster", "podvol", "Ready").await;
+    assert_eq!(st.hotplug_volume.unwrap().attach_pod_uid.as_deref(), Some(pod_uid));
 }
