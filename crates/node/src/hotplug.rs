@@ -270,13 +270,19 @@ pub async fn reconcile(
     };
     let drives = machine.drives().await.unwrap_or_default();
     let mut retry: Option<Duration> = None;
-    // The waiting volumes' new reasons and messages, written together at the end: one write
-    // (and one watch event) per pass instead of one per volume.
-    let mut waiting_changes: Vec<Change> = Vec::new();
     // Bind-mount mode: the volumes QEMU holds at the end of the pass (their targets stay).
     let mut held: Vec<String> = Vec::new();
+    // Status changes are written in batches — one write (and one watch event for every
+    // watcher) per step of the pass instead of one per volume and step: with many volumes
+    // and VMs the writes, not QMP, were the cost.
+    let mut last_changes: Vec<Change> = Vec::new();
+    // The furthest phase each volume reached in this pass (a failure later keeps it).
+    let mut reached: HashMap<String, &'static str> = HashMap::new();
+    let mut failed: Vec<(&Volume, SourceError, Instant)> = Vec::new();
 
-    for (v, d) in &wanted {
+    // 1. What QEMU holds is Ready; the rest is opened.
+    let mut opened: Vec<(&Volume, &Disk, source::Opened, Instant)> = Vec::new();
+    for &(v, d) in &wanted {
         let is_cdrom = d.kind() == DiskKind::Cdrom;
         let node = qemu::ops::node_name(&v.name);
         let present = if is_cdrom {
@@ -288,159 +294,166 @@ pub async fn reconcile(
             held.push(v.name.clone());
             volumes.forget(&v.name);
             if entry(vmi, &v.name).and_then(|e| e.phase.as_deref()) != Some("Ready") {
-                write(shared, vmi, vec![Change::ready(&v.name)]).await;
+                last_changes.push(Change::ready(&v.name));
             }
             continue;
         }
         crate::metrics::get().attempts.inc();
         let started = volumes.waiting.get(&v.name).map_or_else(Instant::now, |w| w.since);
-        let result = async {
-            let t = Instant::now();
-            let attach_pod = entry(vmi, &v.name).and_then(|e| e.hotplug_volume.as_ref()).and_then(|h| h.attach_pod_uid.clone());
-            let opened = open(shared, &ns, v, d.readonly(), attach_pod).await?;
-            crate::metrics::observe("open", t.elapsed().as_secs_f64());
-            write(
-                shared,
-                vmi,
-                vec![Change::Set {
-                    name: v.name.clone(),
-                    phase: "AttachedToNode",
-                    reason: "SuccessfulCreate",
-                    message: format!("opened {}", opened.path.display()),
-                }],
-            )
-            .await;
-            let source = match bind {
-                None => Source::Fd(opened.fd),
-                Some(b) => {
-                    let t = Instant::now();
-                    let target = expose(b, &v.name, opened, d.readonly() || is_cdrom).await?;
-                    crate::metrics::observe("mount", t.elapsed().as_secs_f64());
-                    write(
-                        shared,
-                        vmi,
-                        vec![Change::Set {
-                            name: v.name.clone(),
-                            phase: "MountedToPod",
-                            reason: "VolumeMountedToPod",
-                            message: format!("Volume {} has been mounted in virt-launcher pod (at {})", v.name, target.display()),
-                        }],
-                    )
-                    .await;
-                    Source::Path(target)
-                }
-            };
-            let t = Instant::now();
-            let r = if is_cdrom {
-                machine.insert_medium(&d.name, &v.name, source).await
-            } else {
-                let kind = if d.kind() == DiskKind::Lun { DeviceKind::Lun } else { DeviceKind::Disk };
-                let serial = d.serial.clone().unwrap_or_else(|| v.name.clone());
-                machine.attach(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source }).await
-            };
-            crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
-            r.map_err(|e| SourceError::NotReady(format!("QEMU refused the volume: {}", client::error_chain(&e))))
+        let t = Instant::now();
+        let attach_pod = entry(vmi, &v.name).and_then(|e| e.hotplug_volume.as_ref()).and_then(|h| h.attach_pod_uid.clone());
+        match open(shared, &ns, v, d.readonly(), attach_pod).await {
+            Ok(o) => {
+                crate::metrics::observe("open", t.elapsed().as_secs_f64());
+                reached.insert(v.name.clone(), "AttachedToNode");
+                opened.push((v, d, o, started));
+            }
+            Err(e) => failed.push((v, e, started)),
         }
-        .await;
-        match result {
+    }
+    let attached_to_node = opened
+        .iter()
+        .map(|(v, _, o, _)| Change::Set {
+            name: v.name.clone(),
+            phase: "AttachedToNode",
+            reason: "SuccessfulCreate",
+            message: format!("opened {}", o.path.display()),
+        })
+        .collect();
+    write(shared, vmi, attached_to_node).await;
+
+    // 2. Bind-mount mode: each target made in QEMU's namespace (QEMU opens the path).
+    let mut sources: Vec<(&Volume, &Disk, Source, Instant)> = Vec::new();
+    let mut mounted: Vec<Change> = Vec::new();
+    for (v, d, o, started) in opened {
+        let Some(b) = bind else {
+            sources.push((v, d, Source::Fd(o.fd), started));
+            continue;
+        };
+        let t = Instant::now();
+        match expose(b, &v.name, o, d.readonly() || d.kind() == DiskKind::Cdrom).await {
+            Ok(target) => {
+                crate::metrics::observe("mount", t.elapsed().as_secs_f64());
+                reached.insert(v.name.clone(), "MountedToPod");
+                mounted.push(Change::Set {
+                    name: v.name.clone(),
+                    phase: "MountedToPod",
+                    reason: "VolumeMountedToPod",
+                    message: format!("Volume {} has been mounted in virt-launcher pod (at {})", v.name, target.display()),
+                });
+                sources.push((v, d, Source::Path(target), started));
+            }
+            Err(e) => failed.push((v, e, started)),
+        }
+    }
+    write(shared, vmi, mounted).await;
+
+    // 3. Into QEMU, in turn (one QMP connection).
+    for (v, d, source, started) in sources {
+        let t = Instant::now();
+        let r = if d.kind() == DiskKind::Cdrom {
+            machine.insert_medium(&d.name, &v.name, source).await
+        } else {
+            let kind = if d.kind() == DiskKind::Lun { DeviceKind::Lun } else { DeviceKind::Disk };
+            let serial = d.serial.clone().unwrap_or_else(|| v.name.clone());
+            machine.attach(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source }).await
+        };
+        crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
+        match r {
             Ok(()) => {
                 crate::metrics::observe("total", started.elapsed().as_secs_f64());
                 held.push(v.name.clone());
                 volumes.forget(&v.name);
-                write(shared, vmi, vec![Change::ready(&v.name)]).await;
+                last_changes.push(Change::ready(&v.name));
                 tracing::info!("VMI {object}: volume {} attached", v.name);
             }
-            Err(e) => {
-                // The metrics: one failure, and the volume counted as waiting until `forget`.
-                crate::metrics::get().failures.inc();
-                let w = volumes.waiting.entry(v.name.clone()).or_insert_with(|| {
-                    crate::metrics::get().waiting.inc();
-                    Waiting { since: started, attempts: 0, reported_failed: false }
-                });
-                w.attempts += 1;
-                let msg = e.to_string();
-                let overdue = w.since.elapsed() >= shared.config.backoff.deadline || matches!(e, SourceError::Refused(_));
-                let cur = entry(vmi, &v.name);
-                let phase: &'static str = match cur.and_then(|e| e.phase.as_deref()) {
-                    Some("Bound") => "Bound",
-                    Some("AttachedToNode") => "AttachedToNode",
-                    _ => "Pending",
-                };
-                let reason = if overdue {
-                    "HotplugFailed"
-                } else if phase == "Pending" {
-                    "PVCNotReady"
-                } else {
-                    "PVCBound"
-                };
-                if overdue && !w.reported_failed {
-                    w.reported_failed = true;
-                    events::publish(
-                        &shared.client,
-                        COMPONENT,
-                        vmi,
-                        EventType::Warning,
-                        "HotplugFailed",
-                        &format!("volume {}: {msg}", v.name),
-                    )
-                    .await;
-                }
-                if cur.and_then(|e| e.message.as_deref()) != Some(msg.as_str()) || cur.and_then(|e| e.reason.as_deref()) != Some(reason) {
-                    waiting_changes.push(Change::Set { name: v.name.clone(), phase, reason, message: msg });
-                }
-                let d = shared.config.backoff.delay(w.attempts);
-                retry = Some(retry.map_or(d, |r| r.min(d)));
-            }
+            Err(e) => failed.push((v, SourceError::NotReady(format!("QEMU refused the volume: {}", client::error_chain(&e))), started)),
         }
     }
-    write(shared, vmi, waiting_changes).await;
 
-    // Unplug what QEMU has and the spec no longer wants.
+    // 4. What failed waits: its reason and last error, `HotplugFailed` past the deadline.
+    for (v, e, started) in failed {
+        // The metrics: one failure, and the volume counted as waiting until `forget`.
+        crate::metrics::get().failures.inc();
+        let w = volumes.waiting.entry(v.name.clone()).or_insert_with(|| {
+            crate::metrics::get().waiting.inc();
+            Waiting { since: started, attempts: 0, reported_failed: false }
+        });
+        w.attempts += 1;
+        let msg = e.to_string();
+        let overdue = w.since.elapsed() >= shared.config.backoff.deadline || matches!(e, SourceError::Refused(_));
+        let cur = entry(vmi, &v.name);
+        let phase: &'static str = match reached.get(&v.name).copied().or(cur.and_then(|e| e.phase.as_deref())) {
+            Some("Bound") => "Bound",
+            Some("AttachedToNode") => "AttachedToNode",
+            Some("MountedToPod") => "MountedToPod",
+            _ => "Pending",
+        };
+        let reason = if overdue {
+            "HotplugFailed"
+        } else if phase == "Pending" {
+            "PVCNotReady"
+        } else {
+            "PVCBound"
+        };
+        if overdue && !w.reported_failed {
+            w.reported_failed = true;
+            events::publish(&shared.client, COMPONENT, vmi, EventType::Warning, "HotplugFailed", &format!("volume {}: {msg}", v.name))
+                .await;
+        }
+        let unchanged = !reached.contains_key(&v.name)
+            && cur.and_then(|e| e.message.as_deref()) == Some(msg.as_str())
+            && cur.and_then(|e| e.reason.as_deref()) == Some(reason);
+        if !unchanged {
+            last_changes.push(Change::Set { name: v.name.clone(), phase, reason, message: msg });
+        }
+        let d = shared.config.backoff.delay(w.attempts);
+        retry = Some(retry.map_or(d, |r| r.min(d)));
+    }
+    write(shared, vmi, last_changes).await;
+
+    // 5. Unplug what QEMU has and the spec no longer wants: `Detaching` for all in one write,
+    // QMP in turn, the Events, then the entries removed in one write.
     let wanted_names: Vec<&str> = wanted.iter().map(|(v, _)| v.name.as_str()).collect();
-    for a in attached.iter().filter(|a| !wanted_names.contains(&a.volume.as_str())) {
-        write(
-            shared,
-            vmi,
-            vec![Change::Set { name: a.volume.clone(), phase: "Detaching", reason: "SuccessfulDelete", message: "unplugging".into() }],
-        )
-        .await;
+    let extra: Vec<&qemu::ops::Attached> = attached.iter().filter(|a| !wanted_names.contains(&a.volume.as_str())).collect();
+    let detaching = extra
+        .iter()
+        .map(|a| Change::Set { name: a.volume.clone(), phase: "Detaching", reason: "SuccessfulDelete", message: "unplugging".into() })
+        .collect();
+    write(shared, vmi, detaching).await;
+    let mut unplugged: Vec<String> = Vec::new();
+    let mut unplug_changes: Vec<Change> = Vec::new();
+    for a in extra {
         let t = Instant::now();
         let detached = machine.detach(&a.volume).await;
         crate::metrics::observe("unplug", t.elapsed().as_secs_f64());
         match detached {
             Ok(()) => {
-                // The Event first: whoever waits for the entry to go then finds it.
-                events::publish(
-                    &shared.client,
-                    COMPONENT,
-                    vmi,
-                    EventType::Normal,
-                    "VolumeUnplugged",
-                    &format!("volume {} unplugged", a.volume),
-                )
-                .await;
-                write(shared, vmi, vec![Change::Remove(a.volume.clone())]).await;
                 tracing::info!("VMI {object}: volume {} detached", a.volume);
                 // Its target, if bind-mounted, is undone with the stale ones below.
                 held.retain(|h| h != &a.volume);
+                unplugged.push(a.volume.clone());
             }
             Err(e) => {
-                write(
-                    shared,
-                    vmi,
-                    vec![Change::Set {
-                        name: a.volume.clone(),
-                        phase: "Detaching",
-                        reason: "SuccessfulDelete",
-                        message: client::error_chain(&e),
-                    }],
-                )
-                .await;
+                unplug_changes.push(Change::Set {
+                    name: a.volume.clone(),
+                    phase: "Detaching",
+                    reason: "SuccessfulDelete",
+                    message: client::error_chain(&e),
+                });
                 held.push(a.volume.clone());
                 retry = Some(retry.map_or(shared.config.backoff.base, |r| r.min(shared.config.backoff.base)));
             }
         }
     }
+    // The Events first (whoever waits for an entry to go then finds its Event), concurrently.
+    let messages: Vec<String> = unplugged.iter().map(|v| format!("volume {v} unplugged")).collect();
+    futures::future::join_all(
+        messages.iter().map(|m| events::publish(&shared.client, COMPONENT, vmi, EventType::Normal, "VolumeUnplugged", m)),
+    )
+    .await;
+    unplug_changes.extend(unplugged.into_iter().map(Change::Remove));
+    write(shared, vmi, unplug_changes).await;
     let wanted_nodes: Vec<String> = wanted_names.iter().map(|n| qemu::ops::node_name(n)).collect();
     for dr in &drives {
         let Some(node) = dr.medium_node.as_deref().filter(|n| n.starts_with("n-") && !wanted_nodes.iter().any(|w| w == n)) else {
