@@ -55,7 +55,8 @@ pub struct Config {
     pub mode: crate::bindmount::AttachMode,
     /// Bind-mount mode: the binary with the mount helper (default: this executable).
     pub mount_helper: PathBuf,
-    /// Bind-mount mode: the cgroup v1 devices directory under which each VM gets its cgroup.
+    /// Bind-mount mode: the directory under which each VM gets its devices cgroup (cgroup v1's
+    /// devices controller, or cgroup v2; see [`crate::bindmount::default_cgroup_root`]).
     pub devices_cgroup: PathBuf,
     /// Cluster mode: the kubelet's pods dir, where an attachment pod's `hp.sock` is found.
     pub kubelet_pods_dir: PathBuf,
@@ -75,7 +76,7 @@ impl Config {
             vm_nice: 5,
             mode: crate::bindmount::AttachMode::Fd,
             mount_helper: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("virtplug")),
-            devices_cgroup: PathBuf::from(crate::bindmount::DEVICES_CGROUP),
+            devices_cgroup: crate::bindmount::default_cgroup_root().unwrap_or_else(|| PathBuf::from(crate::bindmount::DEVICES_CGROUP)),
             kubelet_pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
         }
     }

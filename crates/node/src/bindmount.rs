@@ -4,8 +4,8 @@
 //! # How
 //! - QEMU runs in a mount namespace of its own, a downstream copy of the host's
 //!   (`LaunchSpec::own_mount_namespace`), and in a devices cgroup of its own
-//!   (`DEVICES_CGROUP/<vmi uid>`, cgroup v1) that allows every character device and no block
-//!   device.
+//!   (`DEVICES_CGROUP/<vmi uid>` on cgroup v1, `/sys/fs/cgroup/virtplug/<vmi uid>` on v2) that
+//!   allows every character device and no block device.
 //! - Filesystem volume: the agent opens `disk.img` as in fd mode (`openat2`, no symlinks), clones
 //!   the opened file into a detached mount (`open_tree(OPEN_TREE_CLONE)`: the mount source is the
 //!   file already checked, never a path resolved again) and a helper process joins QEMU's mount
@@ -26,8 +26,8 @@
 //! [`Host`] on the machine (helper process, cgroup files), [`Recorder`] in unit tests (a fake
 //! that records the requests; no root needed).
 //!
-//! cgroup v2 (an eBPF device program) is not implemented: on a v2-only host, bind-mount mode
-//! refuses to start a VM and says so.
+//! On cgroup v2 the same policy is a generated eBPF device program ([`crate::devprog`]),
+//! replaced as a whole on every change; the hierarchy's version is found from the cgroup path.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use crate::devprog::BlockRule;
 use crate::source::Opened;
 
 /// How volumes reach QEMU.
@@ -51,6 +52,19 @@ pub enum AttachMode {
 
 /// The cgroup v1 devices hierarchy under which each VM gets its cgroup.
 pub const DEVICES_CGROUP: &str = "/sys/fs/cgroup/devices/virtplug";
+/// The same on a cgroup v2 (unified) host.
+pub const UNIFIED_CGROUP: &str = "/sys/fs/cgroup/virtplug";
+
+/// Where VMs' devices cgroups go on this host: under the v1 devices controller when it is
+/// mounted, else in the v2 hierarchy at `/sys/fs/cgroup`; `None` when neither exists.
+#[must_use]
+pub fn default_cgroup_root() -> Option<PathBuf> {
+    let v1 = Path::new(DEVICES_CGROUP);
+    if v1.parent().is_some_and(|p| p.join("devices.allow").exists()) {
+        return Some(v1.to_owned());
+    }
+    Path::new("/sys/fs/cgroup/cgroup.controllers").exists().then(|| PathBuf::from(UNIFIED_CGROUP))
+}
 
 /// The helper subcommand of the `virtplug` binary (hidden): `virtplug mount-helper REQUEST`.
 pub const HELPER_SUBCOMMAND: &str = "mount-helper";
@@ -83,10 +97,12 @@ pub enum Request {
     RemoveTarget { pid: i32, target: PathBuf },
     /// Create `cgroup` allowing every character device and no block device, and move `pid` in.
     JoinCgroup { cgroup: PathBuf, pid: i32 },
-    /// Allow `device` (`rw`, or `r` for a read-only disk) in `cgroup`.
-    AllowDevice { cgroup: PathBuf, device: DeviceNumber, readonly: bool },
-    /// Withdraw `device` from `cgroup`.
-    DenyDevice { cgroup: PathBuf, device: DeviceNumber },
+    /// Allow `device` (`rw`, or `r` for a read-only disk) in `cgroup`. `allowed` is the whole
+    /// block-device allowlist after the change (cgroup v2 replaces its program with it; v1 adds
+    /// the one rule).
+    AllowDevice { cgroup: PathBuf, device: DeviceNumber, readonly: bool, allowed: Vec<BlockRule> },
+    /// Withdraw `device` from `cgroup`; `allowed` is the allowlist after the change.
+    DenyDevice { cgroup: PathBuf, device: DeviceNumber, allowed: Vec<BlockRule> },
     /// Make the mount at `path` shared, so the VMs' namespaces hold downstream copies of it
     /// that go when the host unmounts it.
     ShareMount { path: PathBuf },
@@ -159,29 +175,52 @@ fn write_file(path: &Path, text: &str) -> io::Result<()> {
     std::fs::write(path, text).map_err(|e| io::Error::new(e.kind(), format!("cannot write {text:?} to {}: {e}", path.display())))
 }
 
+/// The cgroup version of the hierarchy `cgroup` is (to be) in: the nearest existing ancestor
+/// holding `devices.allow` is cgroup v1's devices controller, one holding `cgroup.controllers`
+/// is cgroup v2.
+fn version(cgroup: &Path) -> Option<u8> {
+    cgroup.ancestors().skip(1).find_map(|a| {
+        if a.join("devices.allow").exists() {
+            Some(1)
+        } else if a.join("cgroup.controllers").exists() {
+            Some(2)
+        } else {
+            None
+        }
+    })
+}
+
 fn cgroup_effect(req: &Request) -> io::Result<()> {
-    match req {
-        Request::JoinCgroup { cgroup, pid } => {
-            let parent = cgroup.parent().unwrap_or(Path::new("/"));
-            if !parent.parent().is_some_and(|p| p.join("devices.allow").exists()) && !parent.join("devices.allow").exists() {
-                return Err(io::Error::other(format!(
-                    "no cgroup v1 devices controller at {}: bind-mount mode needs it for block volumes \
-                     (cgroup v2 device programs are not implemented); use the default fd mode",
-                    parent.display()
-                )));
-            }
+    let (Request::JoinCgroup { cgroup, .. } | Request::AllowDevice { cgroup, .. } | Request::DenyDevice { cgroup, .. }) = req else {
+        return Err(io::Error::other("not a cgroup request"));
+    };
+    let Some(v) = version(cgroup) else {
+        return Err(io::Error::other(format!(
+            "{} is in neither a cgroup v1 devices hierarchy nor a cgroup v2 one: bind-mount mode needs one for block volumes; \
+             use the default fd mode",
+            cgroup.display()
+        )));
+    };
+    match (req, v) {
+        (Request::JoinCgroup { pid, .. }, 1) => {
             std::fs::create_dir_all(cgroup).map_err(|e| io::Error::new(e.kind(), format!("cannot create {}: {e}", cgroup.display())))?;
             write_file(&cgroup.join("devices.deny"), "a")?;
             write_file(&cgroup.join("devices.allow"), "c *:* rwm")?;
             write_file(&cgroup.join("cgroup.procs"), &pid.to_string())
         }
-        Request::AllowDevice { cgroup, device, readonly } => {
+        (Request::JoinCgroup { pid, .. }, _) => {
+            std::fs::create_dir_all(cgroup).map_err(|e| io::Error::new(e.kind(), format!("cannot create {}: {e}", cgroup.display())))?;
+            crate::devprog::set(cgroup, &[])?;
+            write_file(&cgroup.join("cgroup.procs"), &pid.to_string())
+        }
+        (Request::AllowDevice { device, readonly, .. }, 1) => {
             let access = if *readonly { "r" } else { "rw" };
             write_file(&cgroup.join("devices.allow"), &format!("b {}:{} {access}", device.major, device.minor))
         }
-        Request::DenyDevice { cgroup, device } => {
+        (Request::DenyDevice { device, .. }, 1) => {
             write_file(&cgroup.join("devices.deny"), &format!("b {}:{} rwm", device.major, device.minor))
         }
+        (Request::AllowDevice { allowed, .. } | Request::DenyDevice { allowed, .. }, _) => crate::devprog::set(cgroup, allowed),
         _ => Err(io::Error::other("not a cgroup request")),
     }
 }
@@ -330,6 +369,14 @@ pub struct MountRecord {
     /// For a block volume: the device node's number (allowed in the cgroup).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceNumber>,
+    /// Whether the device is allowed read-only.
+    #[serde(default)]
+    pub readonly: bool,
+}
+
+/// The block-device allowlist the records make.
+fn allowlist(records: &[MountRecord]) -> Vec<BlockRule> {
+    records.iter().filter_map(|r| r.device.map(|device| BlockRule { device, readonly: r.readonly })).collect()
 }
 
 /// Errors of bind-mount mode, naming the volume.
@@ -401,7 +448,7 @@ impl Vm {
         let mut records = self.records()?;
         if let Some(i) = records.iter().position(|r| r.volume == volume) {
             let old = records.remove(i);
-            self.undo(&old)?;
+            self.undo(&old, &records)?;
             self.save(&records)?;
         }
         let target = self.target(volume);
@@ -411,11 +458,12 @@ impl Vm {
             None
         };
         // Recorded before it is made: a crash in between leaves a record, never an unknown mount.
-        records.push(MountRecord { volume: volume.to_owned(), target: target.clone(), device });
+        records.push(MountRecord { volume: volume.to_owned(), target: target.clone(), device, readonly });
         self.save(&records)?;
         match device {
             Some(device) => {
-                self.effect(volume, &Request::AllowDevice { cgroup: self.cgroup.clone(), device, readonly }, None)?;
+                let allowed = allowlist(&records);
+                self.effect(volume, &Request::AllowDevice { cgroup: self.cgroup.clone(), device, readonly, allowed }, None)?;
                 self.effect(volume, &Request::MakeNode { pid: self.pid, target: target.clone(), device }, None)?;
             }
             None => {
@@ -425,10 +473,12 @@ impl Vm {
         Ok(target)
     }
 
-    fn undo(&self, r: &MountRecord) -> Result<(), BindError> {
+    /// Undoes `r`'s target; `rest` are the records that stay (their devices stay allowed).
+    fn undo(&self, r: &MountRecord, rest: &[MountRecord]) -> Result<(), BindError> {
         self.effect(&r.volume, &Request::RemoveTarget { pid: self.pid, target: r.target.clone() }, None)?;
         if let Some(device) = r.device {
-            self.effect(&r.volume, &Request::DenyDevice { cgroup: self.cgroup.clone(), device }, None)?;
+            let allowed = allowlist(rest);
+            self.effect(&r.volume, &Request::DenyDevice { cgroup: self.cgroup.clone(), device, allowed }, None)?;
         }
         Ok(())
     }
@@ -441,7 +491,7 @@ impl Vm {
         let mut records = self.records()?;
         let Some(i) = records.iter().position(|r| r.volume == volume) else { return Ok(()) };
         let r = records.remove(i);
-        self.undo(&r)?;
+        self.undo(&r, &records)?;
         self.save(&records)
     }
 
@@ -489,7 +539,7 @@ mod tests {
         let target = v.expose("data", &image(dir.path()), true).unwrap();
         assert_eq!(target, dir.path().join("hotplug/data"));
         assert_eq!(rec.take(), vec![Request::BindMount { pid: 4242, target: target.clone(), readonly: true }]);
-        assert_eq!(v.records().unwrap(), vec![MountRecord { volume: "data".into(), target, device: None }]);
+        assert_eq!(v.records().unwrap(), vec![MountRecord { volume: "data".into(), target, device: None, readonly: true }]);
     }
 
     #[test]
@@ -503,12 +553,17 @@ mod tests {
         assert_eq!(
             rec.take(),
             vec![
-                Request::AllowDevice { cgroup: cgroup.clone(), device, readonly: false },
+                Request::AllowDevice {
+                    cgroup: cgroup.clone(),
+                    device,
+                    readonly: false,
+                    allowed: vec![BlockRule { device, readonly: false }]
+                },
                 Request::MakeNode { pid: 4242, target: target.clone(), device },
             ]
         );
         v.release("blk").unwrap();
-        assert_eq!(rec.take(), vec![Request::RemoveTarget { pid: 4242, target }, Request::DenyDevice { cgroup, device }]);
+        assert_eq!(rec.take(), vec![Request::RemoveTarget { pid: 4242, target }, Request::DenyDevice { cgroup, device, allowed: vec![] }]);
         assert!(v.records().unwrap().is_empty());
         // Releasing again does nothing.
         v.release("blk").unwrap();
@@ -549,7 +604,7 @@ mod tests {
             rec.take(),
             vec![
                 Request::RemoveTarget { pid: 4242, target: dir.path().join("hotplug/stale") },
-                Request::DenyDevice { cgroup: "/cg/vm1".into(), device },
+                Request::DenyDevice { cgroup: "/cg/vm1".into(), device, allowed: vec![] },
             ]
         );
         assert_eq!(again.records().unwrap().iter().map(|r| r.volume.as_str()).collect::<Vec<_>>(), ["kept"]);
@@ -612,11 +667,12 @@ mod tests {
         std::fs::write(dir.path().join("devices.allow"), "").unwrap();
         let cg = dir.path().join("virtplug").join("vm1");
         std::fs::create_dir_all(&cg).unwrap();
-        cgroup_effect(&Request::AllowDevice { cgroup: cg.clone(), device: DeviceNumber { major: 7, minor: 4 }, readonly: true }).unwrap();
+        let device = DeviceNumber { major: 7, minor: 4 };
+        cgroup_effect(&Request::AllowDevice { cgroup: cg.clone(), device, readonly: true, allowed: vec![] }).unwrap();
         assert_eq!(std::fs::read_to_string(cg.join("devices.allow")).unwrap(), "b 7:4 r");
-        cgroup_effect(&Request::DenyDevice { cgroup: cg.clone(), device: DeviceNumber { major: 7, minor: 4 } }).unwrap();
+        cgroup_effect(&Request::DenyDevice { cgroup: cg.clone(), device, allowed: vec![] }).unwrap();
         assert_eq!(std::fs::read_to_string(cg.join("devices.deny")).unwrap(), "b 7:4 rwm");
         let missing = cgroup_effect(&Request::JoinCgroup { cgroup: PathBuf::from("/nonexistent/virtplug/vm1"), pid: 1 }).unwrap_err();
-        assert!(missing.to_string().contains("cgroup v1 devices controller"), "{missing}");
+        assert!(missing.to_string().contains("neither a cgroup v1 devices hierarchy nor a cgroup v2"), "{missing}");
     }
 }

@@ -11,12 +11,14 @@
 //! - [`hotplug`]: the volumes of a running VMI against what QEMU reports, and `volumeStatus`;
 //! - [`source`]: a volume's source on this node, opened safely;
 //! - [`bindmount`]: bind-mount mode (targets in QEMU's mount namespace, device cgroup rules);
+//!   [`devprog`]: its cgroup v2 eBPF device program;
 //! - [`mountinfo`], [`checkpoint`], [`backoff`]: the parser, crash-safe records, the fallback wait.
 
 pub mod agent;
 pub mod backoff;
 pub mod bindmount;
 pub mod checkpoint;
+pub mod devprog;
 pub mod hotplug;
 pub mod metrics;
 pub mod mountinfo;

@@ -87,20 +87,19 @@ fn preflight(accel: qemu::accel::Accel, mode: node::bindmount::AttachMode) -> an
         println!("  Block claims: NO — /dev/loop-control is not writable (run as root, or with CAP_SYS_ADMIN); Filesystem claims work");
     }
     if mode == node::bindmount::AttachMode::BindMount {
-        let devices = std::path::Path::new(node::bindmount::DEVICES_CGROUP).parent().map(|p| p.join("devices.allow"));
         if !rustix::process::geteuid().is_root() {
             anyhow::bail!(
                 "--attach-mode bind-mount needs root (mount namespaces, mounts, device nodes); run as root or use --attach-mode fd"
             );
         }
-        if !devices.as_deref().is_some_and(std::path::Path::exists) {
+        let Some(root) = node::bindmount::default_cgroup_root() else {
             anyhow::bail!(
-                "--attach-mode bind-mount needs the cgroup v1 devices controller at {} (cgroup v2 device programs are not \
-                 implemented); use --attach-mode fd",
+                "--attach-mode bind-mount needs a device cgroup: neither cgroup v1's devices controller ({}) nor cgroup v2 \
+                 (/sys/fs/cgroup/cgroup.controllers) is mounted; mount one or use --attach-mode fd",
                 node::bindmount::DEVICES_CGROUP
             );
-        }
-        println!("  attach mode: bind-mount (VM mount namespaces, devices cgroups under {})", node::bindmount::DEVICES_CGROUP);
+        };
+        println!("  attach mode: bind-mount (VM mount namespaces, devices cgroups under {})", root.display());
     } else {
         println!("  attach mode: fd (nothing is mounted into VMs)");
     }

@@ -73,9 +73,10 @@ impl Env {
         Self::start_in(tempfile::tempdir().unwrap()).await
     }
 
-    /// An agent in bind-mount mode, with a devices cgroup of the test's own.
-    async fn start_bind_in(dir: tempfile::TempDir) -> Env {
-        let cgroup = PathBuf::from(format!("/sys/fs/cgroup/devices/virtplug-test-{:016x}", rand::random::<u64>()));
+    /// An agent in bind-mount mode, with a devices cgroup of the test's own under `hierarchy`
+    /// (cgroup v1's devices controller or a cgroup v2 mount).
+    async fn start_bind_in(dir: tempfile::TempDir, hierarchy: &Path) -> Env {
+        let cgroup = hierarchy.join(format!("virtplug-test-{:016x}", rand::random::<u64>()));
         Self::start_with(dir, Some(cgroup)).await
     }
 
@@ -715,12 +716,34 @@ fn mount_points(pid: i32) -> Vec<PathBuf> {
     node::mountinfo::parse(&text).unwrap().into_iter().map(|m| m.mount_point).collect()
 }
 
-fn bind_mode_possible() -> bool {
-    if !common::guest::is_root() || !Path::new("/sys/fs/cgroup/devices/devices.allow").exists() {
-        eprintln!("skipped: bind-mount mode needs root and the cgroup v1 devices controller");
-        return false;
+const V1_DEVICES: &str = "/sys/fs/cgroup/devices";
+
+/// The cgroup v2 mount of this host: `/sys/fs/cgroup` (unified) or `/sys/fs/cgroup/unified`
+/// (hybrid, next to v1 controllers).
+fn v2_hierarchy() -> Option<PathBuf> {
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"].into_iter().map(PathBuf::from).find(|p| p.join("cgroup.controllers").exists())
+}
+
+/// Root, and the hierarchy of the wanted cgroup version.
+fn bind_mode_hierarchy(v2: bool) -> Option<PathBuf> {
+    let h = if v2 { v2_hierarchy() } else { Some(PathBuf::from(V1_DEVICES)).filter(|p| p.join("devices.allow").exists()) };
+    if !common::guest::is_root() || h.is_none() {
+        eprintln!("skipped: needs root and a cgroup v{} hierarchy", if v2 { 2 } else { 1 });
+        return None;
     }
-    true
+    h
+}
+
+/// Whether a process in `cgroup` may read (or write) block device `dev`: a shell moves itself
+/// into the cgroup, then `dd` tries the device.
+fn probe(cgroup: &Path, dev: &Path, write: bool) -> bool {
+    let io = if write {
+        format!("if=/dev/zero of={} bs=512 count=1 conv=notrunc", dev.display())
+    } else {
+        format!("if={} of=/dev/null bs=512 count=1", dev.display())
+    };
+    let script = format!("echo $$ > {}/cgroup.procs && exec dd {io} status=none", cgroup.display());
+    std::process::Command::new("sh").args(["-c", &script]).stderr(std::process::Stdio::null()).status().unwrap().success()
 }
 
 fn records(run_dir: &Path) -> Vec<String> {
@@ -737,10 +760,22 @@ fn records(run_dir: &Path) -> Vec<String> {
 /// agent killed between mount and attach are both undone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bind_mount_mode_plugs_through_the_vms_namespace_and_undoes_stale_mounts_after_a_restart() {
-    if !bind_mode_possible() {
-        return;
+    if let Some(h) = bind_mode_hierarchy(false) {
+        bind_mode_scenario(&h).await;
     }
-    let mut e = Env::start_bind_in(tempfile::tempdir().unwrap()).await;
+}
+
+/// The same on cgroup v2: the VM's block devices are governed by the generated eBPF device
+/// program (on this hybrid host the v1 devices cgroup of the VM allows everything).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bind_mount_mode_on_cgroup_v2_allows_the_device_through_its_ebpf_program() {
+    if let Some(h) = bind_mode_hierarchy(true) {
+        bind_mode_scenario(&h).await;
+    }
+}
+
+async fn bind_mode_scenario(hierarchy: &Path) {
+    let mut e = Env::start_bind_in(tempfile::tempdir().unwrap(), hierarchy).await;
     let fs = e.claim("fsdata", "64Mi", "Filesystem").await;
     let fs_img = Path::new(&fs.metadata.annotations.as_ref().unwrap()["virtplug.io/local-path"]).join("disk.img");
     std::fs::write(&fs_img, b"VP-FILESYSTEM-01").unwrap();
@@ -749,7 +784,6 @@ async fn bind_mount_mode_plugs_through_the_vms_namespace_and_undoes_stale_mounts
     let loopdev = PathBuf::from(&b.metadata.annotations.as_ref().unwrap()["virtplug.io/loop-device"]);
     std::io::Write::write_all(&mut std::fs::File::options().write(true).open(&loopdev).unwrap(), b"VP-BLOCKDEVICE01").unwrap();
     let rdev = std::os::unix::fs::MetadataExt::rdev(&std::fs::metadata(&loopdev).unwrap());
-    let rule = format!("b {}:{} rw", rustix::fs::major(rdev), rustix::fs::minor(rdev));
 
     let vmi = e.vm("guest").await;
     let run_dir = e.run_dir(&vmi);
@@ -760,7 +794,8 @@ async fn bind_mount_mode_plugs_through_the_vms_namespace_and_undoes_stale_mounts
     let cgroup = e.cgroup.clone().unwrap().join(vmi.uid().unwrap());
     let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap();
     assert!(procs.lines().any(|l| l == q.pid.to_string()), "QEMU in its devices cgroup: {procs}");
-    assert!(!std::fs::read_to_string(cgroup.join("devices.list")).unwrap().contains(&rule), "no block rule before the plug");
+    assert!(!probe(&cgroup, &loopdev, false), "the VM's cgroup denies the loop device before the plug");
+    assert!(probe(Path::new(hierarchy), &loopdev, false), "control: the device is readable outside it");
 
     e.add("guest", "fsdata", "fsdata").await;
     e.add("guest", "blkdata", "blkdata").await;
@@ -783,7 +818,7 @@ async fn bind_mount_mode_plugs_through_the_vms_namespace_and_undoes_stale_mounts
     let node_meta = std::fs::symlink_metadata(&blk_target).unwrap();
     assert!(std::os::unix::fs::FileTypeExt::is_block_device(&node_meta.file_type()));
     assert_eq!(std::os::unix::fs::MetadataExt::rdev(&node_meta), rdev);
-    assert!(std::fs::read_to_string(cgroup.join("devices.list")).unwrap().lines().any(|l| l == rule), "the loop device allowed");
+    assert!(probe(&cgroup, &loopdev, false) && probe(&cgroup, &blk_target, false), "the loop device allowed in the VM's cgroup");
     assert_eq!(records(&run_dir), ["fsdata", "blkdata"]);
 
     // The agent dies. Meanwhile fsdata is removed from the spec, and a stale mount appears as
@@ -826,7 +861,7 @@ async fn bind_mount_mode_plugs_through_the_vms_namespace_and_undoes_stale_mounts
     })
     .await;
     assert!(!blk_target.exists());
-    assert!(!std::fs::read_to_string(cgroup.join("devices.list")).unwrap().contains(&rule), "the rule withdrawn");
+    assert!(!probe(&cgroup, &loopdev, false), "the rule withdrawn");
     assert_eq!(e.lines(&vmi).iter().filter(|l| l.starts_with("VP-READY")).count(), 1, "the guest never restarted");
 
     // Deleted: QEMU gone, its cgroup removed.
@@ -845,13 +880,11 @@ async fn bind_mount_mode_plugs_through_the_vms_namespace_and_undoes_stale_mounts
 /// ours stays mounted in any namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_bind_mount_mode_too_the_storage_unmounts_at_once_when_the_vm_dies_without_the_agent() {
-    if !bind_mode_possible() {
-        return;
-    }
+    let Some(hierarchy) = bind_mode_hierarchy(false) else { return };
     let dir = tempfile::tempdir().unwrap();
     let storage = dir.path().join("storage");
     let mount = TmpfsMount::new(&storage);
-    let mut e = Env::start_bind_in(dir).await;
+    let mut e = Env::start_bind_in(dir, &hierarchy).await;
     e.claim("seed", "32Mi", "Filesystem").await;
     let vmi = e.vm("seed").await;
     e.add("seed", "seed", "seed").await;
