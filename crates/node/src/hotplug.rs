@@ -1,12 +1,11 @@
 //! A running VMI's hot-plug volumes against what QEMU reports, and their `volumeStatus`.
 //!
 //! # State machine (per volume, every step idempotent)
-//! Attach: claim ready → open the source (`AttachedToNode`) → `add-fd` + `blockdev-add` +
-//! `device_add` in one [`Machine::attach`] (or, for a CD-ROM medium,
-//! `blockdev-change-medium` into its drive) → `Ready`. In fd mode `MountedToPod` (fd inside
-//! QEMU) and `Ready` are reached by the same QMP sequence, so only `Ready` is reported; in
-//! bind-mount mode ([`crate::bindmount`]) `MountedToPod` is reported once the target exists in
-//! QEMU's namespace, and QEMU opens the target.
+//! Attach: claim ready → open the source (`AttachedToNode`) → `add-fd` + `blockdev-add`
+//! ([`Machine::stage`]: QEMU holds the block node, `MountedToPod`; in bind-mount mode
+//! ([`crate::bindmount`]) `MountedToPod` is the target made in QEMU's namespace, which QEMU then
+//! opens) → `device_add` ([`Machine::plug`]) → `Ready`. A CD-ROM medium goes into its drive
+//! (`blockdev-change-medium`) → `Ready`.
 //! Detach: `Detaching` → `device_del` → `DEVICE_DELETED` (deadline) → `blockdev-del` → the
 //! entry is removed and a `VolumeUnplugged` Event is emitted; a CD-ROM medium is ejected.
 //!
@@ -179,6 +178,11 @@ async fn open(
     .map_err(|e| SourceError::NotReady(e.to_string()))?
 }
 
+/// QEMU's refusal, as the volume's waiting reason.
+fn refused(e: &qemu::ops::OpError) -> SourceError {
+    SourceError::NotReady(format!("QEMU refused the volume: {}", client::error_chain(e)))
+}
+
 /// Bind-mount mode: makes the opened volume reachable inside QEMU's namespace (a helper
 /// process; off the async threads).
 async fn expose(b: &Vm, volume: &str, opened: source::Opened, readonly: bool) -> Result<PathBuf, SourceError> {
@@ -348,17 +352,65 @@ pub async fn reconcile(
     }
     write(shared, vmi, mounted).await;
 
-    // 3. Into QEMU, in turn (one QMP connection).
+    // 3. Into QEMU, in turn (one QMP connection): media into their drives; disks staged (their
+    // block nodes — `MountedToPod` in fd mode), then their devices added while that one write
+    // goes out.
+    let mut staged: Vec<(&Volume, qemu::ops::Staged, Instant)> = Vec::new();
     for (v, d, source, started) in sources {
         let t = Instant::now();
-        let r = if d.kind() == DiskKind::Cdrom {
-            machine.insert_medium(&d.name, &v.name, source).await
-        } else {
-            let kind = if d.kind() == DiskKind::Lun { DeviceKind::Lun } else { DeviceKind::Disk };
-            let serial = d.serial.clone().unwrap_or_else(|| v.name.clone());
-            machine.attach(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source }).await
-        };
-        crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
+        if d.kind() == DiskKind::Cdrom {
+            let r = machine.insert_medium(&d.name, &v.name, source).await;
+            crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
+            match r {
+                Ok(()) => {
+                    crate::metrics::observe("total", started.elapsed().as_secs_f64());
+                    held.push(v.name.clone());
+                    volumes.forget(&v.name);
+                    last_changes.push(Change::ready(&v.name));
+                    tracing::info!("VMI {object}: medium {} inserted into {}", v.name, d.name);
+                }
+                Err(e) => failed.push((v, refused(&e), started)),
+            }
+            continue;
+        }
+        let kind = if d.kind() == DiskKind::Lun { DeviceKind::Lun } else { DeviceKind::Disk };
+        let serial = d.serial.clone().unwrap_or_else(|| v.name.clone());
+        match machine.stage(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source }).await {
+            Ok(s) => {
+                crate::metrics::observe("stage", t.elapsed().as_secs_f64());
+                staged.push((v, s, started));
+            }
+            Err(e) => failed.push((v, refused(&e), started)),
+        }
+    }
+    let in_qemu: Vec<Change> = if bind.is_none() {
+        staged
+            .iter()
+            .map(|(v, _, _)| {
+                reached.insert(v.name.clone(), "MountedToPod");
+                Change::Set {
+                    name: v.name.clone(),
+                    phase: "MountedToPod",
+                    reason: "VolumeMountedToPod",
+                    message: format!("Volume {} is open in QEMU (block node {})", v.name, qemu::ops::node_name(&v.name)),
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let plugs = async {
+        let mut out = Vec::new();
+        for (v, s, started) in staged {
+            let t = Instant::now();
+            let r = machine.plug(s).await;
+            crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
+            out.push((v, r, started));
+        }
+        out
+    };
+    let ((), plugged) = tokio::join!(write(shared, vmi, in_qemu), plugs);
+    for (v, r, started) in plugged {
         match r {
             Ok(()) => {
                 crate::metrics::observe("total", started.elapsed().as_secs_f64());
@@ -367,7 +419,13 @@ pub async fn reconcile(
                 last_changes.push(Change::ready(&v.name));
                 tracing::info!("VMI {object}: volume {} attached", v.name);
             }
-            Err(e) => failed.push((v, SourceError::NotReady(format!("QEMU refused the volume: {}", client::error_chain(&e))), started)),
+            Err(e) => {
+                // A failed plug removed the node it staged.
+                if bind.is_none() {
+                    reached.insert(v.name.clone(), "AttachedToNode");
+                }
+                failed.push((v, refused(&e), started));
+            }
         }
     }
 

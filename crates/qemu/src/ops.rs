@@ -1,7 +1,7 @@
 //! Hot-plug operations on a running VM, each a small idempotent state machine:
 //!
-//! - attach: fd → `add-fd` → `blockdev-add` (on `/dev/fdset/N`) → `remove-fd` → `device_add`
-//!   (`scsi-hd` or `scsi-block` on the hot-plug bus, with `serial`). A step already done (node or
+//! - attach: fd → `add-fd` → `blockdev-add` (on `/dev/fdset/N`) → `remove-fd` ([`Machine::stage`])
+//!   → `device_add` (`scsi-hd` or `scsi-block` on the hot-plug bus, with `serial`; [`Machine::plug`]). A step already done (node or
 //!   device present) is skipped, so an attach interrupted by a crash resumes.
 //! - detach: `device_del` → `DEVICE_DELETED` (deadline) → `blockdev-del`. The fdset was removed
 //!   right after `blockdev-add`, so QEMU closes the image when the node goes.
@@ -51,6 +51,18 @@ pub struct Attach {
     pub kind: DeviceKind,
     pub readonly: bool,
     pub source: Source,
+}
+
+/// A volume whose block node is in QEMU, waiting for its device ([`Machine::plug`]).
+#[derive(Debug)]
+pub struct Staged {
+    pub volume: String,
+    serial: String,
+    kind: DeviceKind,
+    /// The node was added by this stage (a failed plug removes it).
+    added: bool,
+    /// The device was already there: nothing to plug.
+    present: bool,
 }
 
 /// Errors of the operations.
@@ -226,15 +238,29 @@ impl Machine {
         Ok(true)
     }
 
-    /// Attaches a disk or LUN. Idempotent: an attached device is left as it is.
+    /// Attaches a disk or LUN: [`Machine::stage`] then [`Machine::plug`]. Idempotent: an
+    /// attached device is left as it is.
     ///
     /// # Errors
     /// `FdMode` when the fd's access mode does not match `readonly`; `LunNeedsBlock`; `Qmp` naming
     /// the failed step (a failed `device_add` removes the node it just added).
     pub async fn attach(&self, a: Attach) -> Result<(), OpError> {
-        let (id, node) = (device_id(&a.volume), node_name(&a.volume));
+        let staged = self.stage(a).await?;
+        self.plug(staged).await
+    }
+
+    /// The first half of an attach: the volume's source becomes a block node in QEMU (add-fd,
+    /// blockdev-add, remove-fd) — KubeVirt's `MountedToPod`. Skipped for a device already
+    /// attached (the returned [`Staged`] then plugs nothing).
+    ///
+    /// # Errors
+    /// As [`Machine::attach`].
+    pub async fn stage(&self, a: Attach) -> Result<Staged, OpError> {
+        let id = device_id(&a.volume);
+        let node = node_name(&a.volume);
+        let done = Staged { volume: a.volume.clone(), serial: a.serial.clone(), kind: a.kind, added: false, present: true };
         if self.device_exists(&id).await.map_err(step("attach", &a.volume, "qom-list"))? {
-            return Ok(());
+            return Ok(done);
         }
         if a.kind == DeviceKind::Lun {
             let is_block = match &a.source {
@@ -249,21 +275,34 @@ impl Machine {
             }
         }
         let added = self.add_node("attach", &a.volume, &node, a.source, a.readonly).await?;
-        let driver = match a.kind {
+        Ok(Staged { added, present: false, ..done })
+    }
+
+    /// The second half: `device_add` on the hot-plug bus. A failure removes the node that
+    /// [`Machine::stage`] added.
+    ///
+    /// # Errors
+    /// `Qmp` at `device_add`.
+    pub async fn plug(&self, s: Staged) -> Result<(), OpError> {
+        if s.present {
+            return Ok(());
+        }
+        let (id, node) = (device_id(&s.volume), node_name(&s.volume));
+        let driver = match s.kind {
             DeviceKind::Disk => "scsi-hd",
             DeviceKind::Lun => "scsi-block",
         };
         let mut dev = json!({"driver": driver, "id": id, "bus": HOTPLUG_BUS, "drive": node});
         // scsi-block passes the device's own identity through: it has no `serial` property.
-        if a.kind == DeviceKind::Disk {
-            dev["serial"] = json!(a.serial);
+        if s.kind == DeviceKind::Disk {
+            dev["serial"] = json!(s.serial);
         }
         let r = self.qmp.execute("device_add", dev).await;
         if let Err(e) = r {
-            if added {
+            if s.added {
                 let _ = self.qmp.execute("blockdev-del", json!({"node-name": node})).await;
             }
-            return Err(step("attach", &a.volume, "device_add")(e));
+            return Err(step("attach", &s.volume, "device_add")(e));
         }
         Ok(())
     }

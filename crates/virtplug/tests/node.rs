@@ -301,10 +301,12 @@ async fn filesystem_and_block_claims_plug_into_a_running_guest_and_unplug() {
         None
     };
 
-    // volumeStatus walked Bound → AttachedToNode → Ready, with a timestamp per phase.
+    // volumeStatus walked Bound → AttachedToNode → MountedToPod (block node in QEMU) → Ready,
+    // with a timestamp per phase.
     let st = e.volume_status("guest", "fsdata", "Ready").await;
     let (bound, attached, ready) = (st.entered("Bound").unwrap(), st.entered("AttachedToNode").unwrap(), st.entered("Ready").unwrap());
-    assert!(bound <= attached && attached <= ready, "{st:?}");
+    let mounted = st.entered("MountedToPod").unwrap();
+    assert!(bound <= attached && attached <= mounted && mounted <= ready, "{st:?}");
     assert_eq!(st.reason.as_deref(), Some("VolumeReady"));
     assert_eq!(st.persistent_volume_claim_info.as_ref().unwrap().claim_name.as_deref(), Some("fsdata"));
     if block {
