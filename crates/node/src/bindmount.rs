@@ -117,8 +117,8 @@ pub trait Privileged: Send + Sync {
     fn apply(&self, req: &Request, source: Option<BorrowedFd<'_>>) -> io::Result<()>;
 }
 
-/// The real effects: namespace work in a helper process (`HELPER SUBCOMMAND REQUEST`), cgroup
-/// files written directly.
+/// The real effects: namespace work in a helper process (`virtplug mount-helper REQUEST`), cgroup
+/// files and bpf(2) directly.
 #[derive(Clone, Debug)]
 pub struct Host {
     /// The `virtplug` binary (it has the helper subcommand).

@@ -535,6 +535,19 @@ async fn a_symlinked_disk_image_is_refused_with_the_reason() {
     let events = client::events::list(&e.s.client, "default", "safe", "HotplugFailed").await.unwrap();
     assert_eq!(events.len(), 1);
     assert!(!e.lines(&vmi).iter().any(|l| l.contains("id=serial.evil")), "the guest got nothing");
+
+    // A volume named with `..` never reaches the agent: the API refuses it, naming the field.
+    let before = e.vms.get("safe").await.unwrap();
+    let bad = json!([{"op": "add", "path": "/spec/template/spec/volumes/-",
+                      "value": {"name": "../escape", "persistentVolumeClaim": {"claimName": "evil", "hotpluggable": true}}}]);
+    match e.vms.patch("safe", &PatchParams::default(), &Patch::Json::<()>(serde_json::from_value(bad).unwrap())).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 422, "{s:?}");
+            assert!(s.message.contains("volumes[1].name") && s.message.contains("DNS-1123"), "{}", s.message);
+        }
+        other => panic!("a volume named ../escape must be refused, got {other:?}"),
+    }
+    assert_eq!(e.vms.get("safe").await.unwrap().resource_version(), before.resource_version(), "nothing written");
 }
 
 /// The guest's current hot-plugged disks by serial, from its console log (BLOCK+ / BLOCK-).
