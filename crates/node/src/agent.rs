@@ -28,7 +28,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use serde_json::json;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 use api::{DataVolume, VirtualMachineInstance};
 
@@ -87,8 +87,10 @@ pub struct Shared {
     pub client: kube::Client,
     pub config: Config,
     pub accel: qemu::accel::Resolved,
-    /// Woken on any claim or DataVolume change.
-    pub storage_changed: Notify,
+    /// Bumped on any claim, DataVolume or mount-table change. A watch channel, not a `Notify`:
+    /// a worker busy with a pass when it is bumped still sees it at its next wait (a
+    /// `notify_waiters` would be lost then).
+    pub storage_changed: watch::Sender<u64>,
     /// Privileged effects of bind-mount mode.
     pub host: Arc<dyn crate::bindmount::Privileged>,
 }
@@ -174,8 +176,13 @@ pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError>
             Err(e) => tracing::warn!("bind-mount mode: {e}; VMs' namespaces may keep the storage filesystem alive after it is unmounted"),
         }
     }
-    let shared =
-        Arc::new(Shared { client: client.clone(), config: config.clone(), accel: choice.accel, storage_changed: Notify::new(), host });
+    let shared = Arc::new(Shared {
+        client: client.clone(),
+        config: config.clone(),
+        accel: choice.accel,
+        storage_changed: watch::Sender::new(0),
+        host,
+    });
 
     // Storage changes wake every worker.
     let storage = {
@@ -189,7 +196,7 @@ pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError>
                 watcher(Api::<DataVolume>::all(shared.client.clone()), watcher::Config::default()).default_backoff().map(|_| ()).boxed();
             let mut both = futures::stream::select(pvcs, dvs);
             while both.next().await.is_some() {
-                shared.storage_changed.notify_waiters();
+                shared.storage_changed.send_modify(|n| *n = n.wrapping_add(1));
             }
         })
     };
@@ -270,7 +277,7 @@ fn watch_mounts(shared: Arc<Shared>) -> tokio::task::JoinHandle<()> {
             match afd.ready(tokio::io::Interest::PRIORITY).await {
                 Ok(mut g) => {
                     g.clear_ready();
-                    shared.storage_changed.notify_waiters();
+                    shared.storage_changed.send_modify(|n| *n = n.wrapping_add(1));
                 }
                 Err(e) => {
                     tracing::warn!("watching /proc/self/mountinfo failed ({e}); mounts are noticed at the next backoff");

@@ -258,6 +258,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
     let mut done_generation: Option<i64> = None;
     let mut force = true;
     let mut pending_retry: Option<Duration> = None;
+    let mut storage = shared.storage_changed.subscribe();
     loop {
         let current = rx.borrow_and_update().clone();
         let Some(vmi) = current else {
@@ -362,7 +363,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
                     return; // the agent stops: the VM keeps running for the next agent
                 }
             }
-            () = shared.storage_changed.notified() => force = true,
+            Ok(()) = storage.changed() => force = true,
             () = exited => {
                 if let Some(l) = live.take() {
                     let by_guest = *l.guest_shutdown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

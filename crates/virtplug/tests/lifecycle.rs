@@ -156,10 +156,14 @@ async fn always_starts_a_scheduled_owned_vmi_and_stop_start_restart_work() {
         async move { vms.get("a").await.ok().filter(|v| v.status.as_ref().is_some_and(|s| s.state_change_requests.is_empty())) }
     })
     .await;
-    // dryRun writes nothing.
-    let rev = e.s.revision();
+    // dryRun changes nothing: the spec (runStrategy) and the state change requests stay. (Not
+    // the revision or the VM's resourceVersion: the controller may still be writing the VM's
+    // status and Events as the restart settles.)
+    let before = e.vms.get("a").await.unwrap();
     assert_eq!(e.sub("a", "stop", json!({"dryRun": ["All"]})).await.0, 202);
-    assert_eq!(e.s.revision(), rev);
+    let after = e.vms.get("a").await.unwrap();
+    assert_eq!(serde_json::to_value(&after.spec).unwrap(), serde_json::to_value(&before.spec).unwrap(), "a dry-run stop changed the spec");
+    assert!(after.status.as_ref().is_some_and(|s| s.state_change_requests.is_empty()), "a dry-run stop queued a request");
     // Deleting the VM garbage-collects its VMI (through the finalizer the node removes).
     e.vms.delete("a", &DeleteParams::default()).await.unwrap();
     e.vmi_gone("a").await;
