@@ -517,6 +517,14 @@ mod tests {
         Vm { host: Arc::clone(rec) as Arc<dyn Privileged>, pid: 4242, run_dir: dir.to_owned(), cgroup: PathBuf::from("/cg/vm1") }
     }
 
+    /// A run dir, the recording fake, and a VM over both.
+    fn setup() -> (tempfile::TempDir, Arc<Recorder>, Vm) {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = Arc::new(Recorder::default());
+        let v = vm(dir.path(), &rec);
+        (dir, rec, v)
+    }
+
     fn image(dir: &Path) -> Opened {
         std::fs::create_dir_all(dir.join("claim")).unwrap();
         std::fs::write(dir.join("claim/disk.img"), b"x").unwrap();
@@ -533,9 +541,7 @@ mod tests {
 
     #[test]
     fn a_filesystem_volume_is_recorded_then_bind_mounted_read_only_into_the_vms_namespace() {
-        let dir = tempfile::tempdir().unwrap();
-        let rec = Arc::new(Recorder::default());
-        let v = vm(dir.path(), &rec);
+        let (dir, rec, v) = setup();
         let target = v.expose("data", &image(dir.path()), true).unwrap();
         assert_eq!(target, dir.path().join("hotplug/data"));
         assert_eq!(rec.take(), vec![Request::BindMount { pid: 4242, target: target.clone(), readonly: true }]);
@@ -544,9 +550,7 @@ mod tests {
 
     #[test]
     fn a_block_volume_is_allowed_in_the_cgroup_before_its_node_is_made_and_withdrawn_after_removal() {
-        let dir = tempfile::tempdir().unwrap();
-        let rec = Arc::new(Recorder::default());
-        let v = vm(dir.path(), &rec);
+        let (_dir, rec, v) = setup();
         let target = v.expose("blk", &block(), false).unwrap();
         let device = DeviceNumber { major: 1, minor: 3 };
         let cgroup = PathBuf::from("/cg/vm1");
@@ -574,10 +578,8 @@ mod tests {
     /// that the next pass undoes.
     #[test]
     fn a_failed_mount_leaves_a_record_that_release_all_except_undoes() {
-        let dir = tempfile::tempdir().unwrap();
-        let rec = Arc::new(Recorder::default());
+        let (dir, rec, v) = setup();
         *rec.fail_on.lock().unwrap() = Some(|r| matches!(r, Request::BindMount { .. }));
-        let v = vm(dir.path(), &rec);
         let err = v.expose("data", &image(dir.path()), false).unwrap_err();
         assert!(err.to_string().contains("volume data"), "{err}");
         assert_eq!(v.records().unwrap().len(), 1, "recorded before the mount was tried");
@@ -590,9 +592,7 @@ mod tests {
 
     #[test]
     fn stale_records_are_undone_on_restart_and_held_volumes_are_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let rec = Arc::new(Recorder::default());
-        let v = vm(dir.path(), &rec);
+        let (dir, rec, v) = setup();
         v.expose("kept", &image(dir.path()), false).unwrap();
         v.expose("stale", &block(), false).unwrap();
         rec.take();
@@ -612,9 +612,7 @@ mod tests {
 
     #[test]
     fn a_second_expose_of_the_same_volume_first_undoes_the_old_target() {
-        let dir = tempfile::tempdir().unwrap();
-        let rec = Arc::new(Recorder::default());
-        let v = vm(dir.path(), &rec);
+        let (dir, rec, v) = setup();
         let t = v.expose("data", &image(dir.path()), false).unwrap();
         rec.take();
         v.expose("data", &image(dir.path()), false).unwrap();
@@ -627,9 +625,7 @@ mod tests {
 
     #[test]
     fn a_failed_removal_keeps_the_record_for_the_next_try() {
-        let dir = tempfile::tempdir().unwrap();
-        let rec = Arc::new(Recorder::default());
-        let v = vm(dir.path(), &rec);
+        let (dir, rec, v) = setup();
         v.expose("data", &image(dir.path()), false).unwrap();
         *rec.fail_on.lock().unwrap() = Some(|r| matches!(r, Request::RemoveTarget { .. }));
         assert!(v.release("data").is_err());

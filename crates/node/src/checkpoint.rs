@@ -63,20 +63,15 @@ pub fn write_record(run_dir: &Path, record: &VmiRecord) -> Result<(), Checkpoint
 #[must_use]
 pub fn records(vmis_dir: &Path) -> Vec<(PathBuf, VmiRecord)> {
     let Ok(entries) = std::fs::read_dir(vmis_dir) else { return Vec::new() };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let dir = e.path();
-            let text = std::fs::read(dir.join("vmi.json")).ok()?;
-            match serde_json::from_slice(&text) {
-                Ok(r) => Some((dir, r)),
-                Err(err) => {
-                    tracing::warn!("ignoring the unreadable record {}: {err}", dir.join("vmi.json").display());
-                    None
-                }
-            }
-        })
-        .collect()
+    entries.flatten().filter_map(|e| read_record(&e.path()).map(|r| (e.path(), r))).collect()
+}
+
+/// The record of the run dir `run_dir`, if it has a readable one (an unreadable one is logged).
+#[must_use]
+pub fn read_record(run_dir: &Path) -> Option<VmiRecord> {
+    let path = run_dir.join("vmi.json");
+    let text = std::fs::read(&path).ok()?;
+    serde_json::from_slice(&text).map_err(|err| tracing::warn!("ignoring the unreadable record {}: {err}", path.display())).ok()
 }
 
 #[cfg(test)]

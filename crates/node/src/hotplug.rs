@@ -106,10 +106,7 @@ async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) 
 
 fn claim_dir(shared: &Shared, pvc: &PersistentVolumeClaim) -> Result<PathBuf, SourceError> {
     let uid = pvc.uid().ok_or_else(|| SourceError::NotReady("claim has no UID".into()))?;
-    // A UID is a UUID; anything else never becomes a path component.
-    if uid.is_empty() || !uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
-        return Err(SourceError::Refused(format!("claim UID {uid:?} is not a UUID")));
-    }
+    source::check_uid("claim UID", &uid)?;
     Ok(shared.config.storage_root.join(uid))
 }
 
@@ -356,19 +353,15 @@ pub async fn reconcile(
     // block nodes — `MountedToPod` in fd mode), then their devices added while that one write
     // goes out.
     let mut staged: Vec<(&Volume, qemu::ops::Staged, Instant)> = Vec::new();
+    // What QEMU took in this pass: Ready below, in one place for media and disks.
+    let mut in_place: Vec<(&Volume, Instant)> = Vec::new();
     for (v, d, source, started) in sources {
         let t = Instant::now();
         if d.kind() == DiskKind::Cdrom {
             let r = machine.insert_medium(&d.name, &v.name, source).await;
             crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
             match r {
-                Ok(()) => {
-                    crate::metrics::observe("total", started.elapsed().as_secs_f64());
-                    held.push(v.name.clone());
-                    volumes.forget(&v.name);
-                    last_changes.push(Change::ready(&v.name));
-                    tracing::info!("VMI {object}: medium {} inserted into {}", v.name, d.name);
-                }
+                Ok(()) => in_place.push((v, started)),
                 Err(e) => failed.push((v, refused(&e), started)),
             }
             continue;
@@ -412,13 +405,7 @@ pub async fn reconcile(
     let ((), plugged) = tokio::join!(write(shared, vmi, in_qemu), plugs);
     for (v, r, started) in plugged {
         match r {
-            Ok(()) => {
-                crate::metrics::observe("total", started.elapsed().as_secs_f64());
-                held.push(v.name.clone());
-                volumes.forget(&v.name);
-                last_changes.push(Change::ready(&v.name));
-                tracing::info!("VMI {object}: volume {} attached", v.name);
-            }
+            Ok(()) => in_place.push((v, started)),
             Err(e) => {
                 // A failed plug removed the node it staged.
                 if bind.is_none() {
@@ -427,6 +414,14 @@ pub async fn reconcile(
                 failed.push((v, refused(&e), started));
             }
         }
+    }
+
+    for (v, started) in in_place {
+        crate::metrics::observe("total", started.elapsed().as_secs_f64());
+        held.push(v.name.clone());
+        volumes.forget(&v.name);
+        last_changes.push(Change::ready(&v.name));
+        tracing::info!("VMI {object}: volume {} attached", v.name);
     }
 
     // 4. What failed waits: its reason and last error, `HotplugFailed` past the deadline.

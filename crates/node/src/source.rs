@@ -59,6 +59,17 @@ pub fn check_name(field: &str, name: &str) -> Result<(), SourceError> {
     }
 }
 
+/// Checks that `uid` (an object's UID from the API) is a UUID, so it can be a path component.
+///
+/// # Errors
+/// `Refused`, naming the field and the value.
+pub fn check_uid(field: &str, uid: &str) -> Result<(), SourceError> {
+    if uid.is_empty() || !uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        return Err(SourceError::Refused(format!("{field} {uid:?} is not a UUID")));
+    }
+    Ok(())
+}
+
 /// An opened source.
 #[derive(Debug)]
 pub struct Opened {
@@ -126,9 +137,7 @@ pub fn open_block(device: Option<PathBuf>, backing: &Path, readonly: bool) -> Re
 /// # Errors
 /// `Refused` for a UID that is not a UUID; `NotReady` while the pod's socket is not there.
 pub fn attachment_pod_pid(pods_dir: &Path, pod_uid: &str) -> Result<i32, SourceError> {
-    if pod_uid.is_empty() || !pod_uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
-        return Err(SourceError::Refused(format!("attachment pod UID {pod_uid:?} is not a UUID")));
-    }
+    check_uid("attachment pod UID", pod_uid)?;
     let dir = pods_dir.join(pod_uid).join("volumes/kubernetes.io~empty-dir/hotplug-disks");
     let not_ready = |why: String| SourceError::NotReady(format!("attachment pod {pod_uid} is not ready on this node ({why})"));
     let dfd = rustix::fs::open(&dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())

@@ -208,9 +208,7 @@ pub async fn stop_orphan(run_dir: &Path) {
 /// Removes what a VM whose QEMU is gone leaves on the node: its devices cgroup (bind-mount
 /// mode; its bind mounts went with QEMU's namespace) and its run dir.
 fn forget(run_dir: &Path) {
-    let record: Option<crate::checkpoint::VmiRecord> =
-        std::fs::read(run_dir.join("vmi.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-    if let Some(cgroup) = record.and_then(|r| r.cgroup) {
+    if let Some(cgroup) = crate::checkpoint::read_record(run_dir).and_then(|r| r.cgroup) {
         if let Err(e) = crate::bindmount::remove_cgroup(&cgroup) {
             tracing::warn!("{e}");
         }
