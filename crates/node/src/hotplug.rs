@@ -44,6 +44,12 @@ pub struct Volumes {
 }
 
 impl Volumes {
+    /// Whether a volume waits (for its storage, or after QEMU refused it).
+    #[must_use]
+    pub fn waits(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
     fn forget(&mut self, name: &str) {
         if self.waiting.remove(name).is_some() {
             crate::metrics::get().waiting.dec();

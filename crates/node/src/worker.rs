@@ -10,8 +10,8 @@
 //! finalizer is removed only once QEMU is gone.
 //!
 //! # Wake-ups
-//! A new version of the VMI, a claim/DataVolume change, QEMU's exit (pidfd), and — only while a
-//! volume waits — the backoff timer. Nothing is polled.
+//! A new version of the VMI, QEMU's exit (pidfd), and — only while a volume waits — a
+//! claim/DataVolume/mount-table change or the backoff timer. Nothing is polled.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -361,7 +361,9 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
                     return; // the agent stops: the VM keeps running for the next agent
                 }
             }
-            Ok(()) = storage.changed() => force = true,
+            // Storage and mount changes matter only to a VMI with volumes waiting for them:
+            // the others stay asleep (a pass costs QMP round trips).
+            Ok(()) = storage.changed() => force = force || volumes.waits(),
             () = exited => {
                 if let Some(l) = live.take() {
                     let by_guest = *l.guest_shutdown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
