@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Builds the test guest from Debian packages and caches it: the generic kernel (vmlinuz; the cloud flavour has no AHCI for sata CD-ROMs), an
-# initramfs with static busybox, the virtio/SCSI/CD-ROM modules and tests/guest/init, and a
-# bootable ISO of the same guest (isolinux). Output: $VIRTPLUG_GUEST_DIR (default .cache/guest).
-# A second run with unchanged inputs does nothing.
+# Builds the test guest from Debian packages and caches it: the generic kernel (vmlinuz; the cloud
+# flavour has no AHCI for sata CD-ROMs), an initramfs with static busybox, the virtio/SCSI/CD-ROM
+# modules, tests/guest/init and the static vp-observer (tests/guest/observer, built here with
+# cargo into its own target dir so the workspace's build cache is untouched), and a bootable ISO
+# of the same guest (isolinux). Output: $VIRTPLUG_GUEST_DIR (default .cache/guest).
+# A second run with unchanged inputs does nothing (beyond cargo's no-op check of the observer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${VIRTPLUG_GUEST_DIR:-$PWD/.cache/guest}
-stamp_in=$(sha256sum tests/guest/init scripts/build-test-guest.sh | sha256sum | cut -c1-16)
+obs_target=$PWD/target/guest-observer
+RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" CARGO_TARGET_DIR=$obs_target \
+  cargo build -q --release --locked -p vp-guest-observer
+observer=$obs_target/release/vp-observer
+stamp_in=$(sha256sum tests/guest/init scripts/build-test-guest.sh "$observer" | sha256sum | cut -c1-16)
 if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp_in" ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initramfs.cpio.gz" ] && [ -f "$out/guest.iso" ]; then
   exit 0
 fi
@@ -23,6 +29,7 @@ root="$work/root"
 mkdir -p "$root/bin" "$root/modules"
 cp /bin/busybox "$root/bin/busybox"
 install -m 0755 tests/guest/init "$root/init"
+install -m 0755 "$observer" "$root/bin/vp-observer"
 : > "$root/modules.order"
 for m in virtio_pci virtio_scsi sd_mod sr_mod virtio_blk ahci; do
   modprobe -d "$work/k" -S "$kver" --show-depends "$m" | awk '/^insmod/ {print $2}'
