@@ -6,6 +6,8 @@
 //!   invocation for the ratio.
 //! - **P2** `--p2-vms V --p2-volumes K`: V running VMs, K volumes each plugged by V spec edits
 //!   sent at once; time until every guest reports every disk; then the same for the unplug.
+//!   Its floor (the same fleet plugged straight over QMP, `qemu-hotplug --fleet-vms V
+//!   --fleet-volumes K`) runs right after in the same invocation, for the ratio.
 //! - **P3** `--p3-volumes M --p3-seconds S`: M hot-plug volumes wait for claims that never
 //!   appear; CPU time of the whole `up` process (API server, controller and node agent) over S
 //!   seconds, next to a poller doing KubeVirt's lookup (`findmnt -T PATH -N PID -J`, once per
@@ -44,10 +46,10 @@ struct Args {
     p2_vms: usize,
     #[arg(long, default_value_t = 8)]
     p2_volumes: usize,
-    /// The test guest's `/sys/block` poll period in seconds (`vp.poll`). Its idle loop burns
-    /// CPU under TCG; 32 guests at the default 10 ms saturate 2 cores by themselves.
-    #[arg(long, default_value = "0.01")]
-    guest_poll: String,
+    /// P2: skip its floor (`qemu-hotplug --fleet-vms V --fleet-volumes K`, run after P2 in the
+    /// same invocation for the ratio).
+    #[arg(long)]
+    p2_no_floor: bool,
     /// P3: waiting volumes (0 skips P3).
     #[arg(long, default_value_t = 0)]
     p3_volumes: usize,
@@ -106,13 +108,13 @@ impl Up {
         Ok(())
     }
 
-    async fn vm(&self, name: &str, guest: &Path, poll: &str) -> anyhow::Result<()> {
+    async fn vm(&self, name: &str, guest: &Path) -> anyhow::Result<()> {
         let g = guest.canonicalize()?;
         let vms: Api<api::VirtualMachine> = Api::namespaced(self.client.clone(), "default");
         let vm = serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
             "spec": {"runStrategy": "Always", "template": {"spec": {"terminationGracePeriodSeconds": 1,
                 "domain": {"resources": {"requests": {"memory": "160Mi"}}, "devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}]},
-                           "firmware": {"kernelBoot": {"kernelArgs": format!("console=ttyS0 quiet panic=-1 mitigations=off vp.poll={poll}"),
+                           "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off",
                                "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}}}}}}))?;
         vms.create(&PostParams::default(), &vm).await?;
         Ok(())
@@ -165,7 +167,7 @@ fn pct(v: &[f64], q: f64) -> f64 {
 async fn p1(args: &Args) -> anyhow::Result<()> {
     let up = start_up(&args.virtplug).await?;
     up.claim("p1", "8Mi").await?;
-    up.vm("p1", &args.guest, "0.01").await?;
+    up.vm("p1", &args.guest).await?;
     let mut con = up.console("p1").await?;
     let (mut seen, mut block, mut gone) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.p1 {
@@ -225,14 +227,15 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
         for j in 0..args.p2_volumes {
             up.claim(&format!("{n}-{j}"), "4Mi").await?;
         }
-        up.vm(n, &args.guest, &args.guest_poll).await?;
+        up.vm(n, &args.guest).await?;
     }
     let boot = Instant::now();
     let mut consoles = Vec::new();
     for n in &names {
         consoles.push(up.console(n).await?);
     }
-    println!("P2: {} VMs running and ready after {:.1} s (guest poll {} s)", names.len(), boot.elapsed().as_secs_f64(), args.guest_poll);
+    println!("P2: {} VMs running and ready after {:.1} s", names.len(), boot.elapsed().as_secs_f64());
+    let mut converged = Vec::new();
     for (label, plug) in [("plug", true), ("unplug", false)] {
         let t = Instant::now();
         let sends = names.iter().map(|n| {
@@ -256,6 +259,7 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
         let (api, done) = tokio::join!(api_converged(&up.client, &names, args.p2_volumes, plug, t), futures::future::join_all(waits));
         let done: Vec<f64> = done.into_iter().collect::<anyhow::Result<_>>()?;
         let last = done.iter().copied().fold(0.0, f64::max);
+        converged.push(last);
         println!(
             "P2 {label}: {} VMs × {} volumes converged in {last:.2} s (first guest {:.2} s); every volumeStatus converged in {:.2} s",
             names.len(),
@@ -263,6 +267,27 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
             done.iter().copied().fold(f64::MAX, f64::min),
             api?
         );
+    }
+    drop(up);
+    if args.p2_no_floor {
+        return Ok(());
+    }
+    // The floor, in the same invocation: the same fleet plugged straight over QMP.
+    let (vms, k) = (args.p2_vms.to_string(), args.p2_volumes.to_string());
+    println!("\nP2 floor (same invocation): {} --fleet-vms {vms} --fleet-volumes {k}", args.floor.display());
+    let out = Command::new(&args.floor).args(["--fleet-vms", &vms, "--fleet-volumes", &k, "--guest"]).arg(&args.guest).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("the P2 floor failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut floors = Vec::new();
+    for l in text.lines().filter(|l| l.starts_with("fleet")) {
+        println!("{l}");
+        let f = l.split("every guest converged ").nth(1).and_then(|r| r.split(' ').next()).and_then(|x| x.parse::<f64>().ok());
+        floors.extend(f);
+    }
+    for ((label, v), f) in ["plug", "unplug"].iter().zip(&converged).zip(&floors) {
+        println!("P2 {label} / floor: {:.2}", v / f);
     }
     Ok(())
 }
@@ -307,7 +332,7 @@ fn children_cpu() -> anyhow::Result<f64> {
 
 async fn p3(args: &Args) -> anyhow::Result<()> {
     let up = start_up(&args.virtplug).await?;
-    up.vm("p3", &args.guest, "0.01").await?;
+    up.vm("p3", &args.guest).await?;
     let _con = up.console("p3").await?;
     let claims: Vec<String> = (0..args.p3_volumes).map(|i| format!("never-{i}")).collect();
     up.set_volumes("p3", &claims).await?;

@@ -36,11 +36,9 @@ struct Args {
     fleet_vms: usize,
     #[arg(long, default_value_t = 8)]
     fleet_volumes: usize,
-    /// Fleet mode: the guests' memory (P2 uses 160 MiB) and `/sys/block` poll period (`vp.poll`).
+    /// Fleet mode: the guests' memory (P2 uses 160 MiB).
     #[arg(long, default_value_t = 160)]
     fleet_memory_mib: u64,
-    #[arg(long, default_value = "0.01")]
-    guest_poll: String,
 }
 
 struct Vm {
@@ -169,7 +167,7 @@ async fn main() -> anyhow::Result<()> {
 /// task per VM attaching its volumes in turn by fd, as the node agent's worker does), timed to
 /// the moment every guest has reported every disk.
 async fn fleet(args: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
-    let cmdline = format!("console=ttyS0 quiet panic=-1 mitigations=off vp.poll={}", args.guest_poll);
+    let cmdline = "console=ttyS0 quiet panic=-1 mitigations=off".to_owned();
     let t = Instant::now();
     let boots = (0..args.fleet_vms).map(|i| {
         let cmdline = cmdline.clone();
@@ -177,7 +175,7 @@ async fn fleet(args: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
     });
     let mut vms: Vec<Vm> =
         futures::future::join_all(boots).await.into_iter().map(|r| r.map(|(vm, _)| vm)).collect::<anyhow::Result<_>>()?;
-    println!("fleet: {} VMs ready after {:.1} s (guest poll {} s)", vms.len(), t.elapsed().as_secs_f64(), args.guest_poll);
+    println!("fleet: {} VMs ready after {:.1} s", vms.len(), t.elapsed().as_secs_f64());
 
     // QMP round trip with every guest running (20 per VM, all VMs at once).
     let rtts = vms.iter().map(|vm| async move {
