@@ -393,16 +393,13 @@ pub async fn volume(cmd: Volume, c: Common) -> anyhow::Result<()> {
             )?;
             pvcs.create(&PostParams::default(), &pvc).await.map_err(api_err("create the claim"))?;
             if wait {
-                let end = Instant::now() + Duration::from_secs(60);
-                loop {
-                    let p = pvcs.get(&name).await.map_err(api_err("read the claim"))?;
-                    if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound") {
-                        break;
-                    }
-                    if Instant::now() > end {
-                        bail!("claim {name} is not Bound after 60 s: see `kubectl describe pvc {name}` for its events");
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                let bound = follow(&pvcs, &name, Some(Duration::from_secs(60)), |p| {
+                    Ok(p.is_some_and(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).then_some(()))
+                })
+                .await
+                .context("watch the claim")?;
+                if bound.is_none() {
+                    bail!("claim {name} is not Bound after 60 s: see `kubectl describe pvc {name}` for its events");
                 }
             }
             let p = pvcs.get(&name).await.map_err(api_err("read the claim"))?;
@@ -456,9 +453,9 @@ fn pvc_rows(items: &[PersistentVolumeClaim]) -> Vec<Vec<String>> {
 /// Follows an import until it ends, with a progress bar on a terminal.
 async fn follow_import(dvs: &Api<DataVolume>, name: &str, bar: bool) -> anyhow::Result<()> {
     let mut last = String::new();
-    loop {
-        let dv = dvs.get(name).await.map_err(api_err("read the DataVolume"))?;
-        let st = dv.status.unwrap_or_default();
+    let outcome = follow(dvs, name, None, |dv| {
+        let Some(dv) = dv else { bail!("DataVolume {name} was deleted during its import") };
+        let st = dv.status.clone().unwrap_or_default();
         let phase = st.phase.clone().unwrap_or_else(|| "Pending".into());
         let progress = st.progress.clone().unwrap_or_else(|| "N/A".into());
         let line = format!("{name}: {phase} {progress}");
@@ -470,23 +467,75 @@ async fn follow_import(dvs: &Api<DataVolume>, name: &str, bar: bool) -> anyhow::
             eprint!("\r[{}{}] {line:<50}", "#".repeat(filled), " ".repeat(30 - filled));
             last = line;
         }
-        match phase.as_str() {
-            "Succeeded" => {
-                if bar {
-                    eprintln!();
-                }
-                println!("datavolume/{name} imported");
-                return Ok(());
-            }
+        Ok(match phase.as_str() {
+            "Succeeded" => Some(Ok(())),
             "Failed" => {
-                if bar {
-                    eprintln!();
-                }
                 let why = st.conditions.iter().find(|c| c.type_ == "Running").and_then(|c| c.message.clone()).unwrap_or_default();
-                bail!("import of {name} failed: {why}");
+                Some(Err(anyhow::anyhow!("import of {name} failed: {why}")))
             }
-            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            _ => None,
+        })
+    })
+    .await
+    .context("watch the DataVolume");
+    if bar {
+        eprintln!();
+    }
+    match outcome? {
+        Some(Ok(())) => {
+            println!("datavolume/{name} imported");
+            Ok(())
         }
+        Some(Err(e)) => Err(e),
+        None => bail!("the watch of DataVolume {name} ended"),
+    }
+}
+
+/// Follows one object on a watch (a field selector on its name; no polling), calling `step` with
+/// its current state on every change (`None`: it does not exist, or no longer) until `step`
+/// returns a value. `Ok(None)` when `timeout` passed first; `step`'s error ends the wait.
+///
+/// # Errors
+/// When the watch fails (the API's error: unreachable, forbidden) or `step` fails.
+async fn follow<K, T>(
+    api: &Api<K>,
+    name: &str,
+    timeout: Option<Duration>,
+    mut step: impl FnMut(Option<&K>) -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<Option<T>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::watcher::{self, Event};
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher::watcher(api.clone(), config).boxed();
+    // The initial list arrives as Init, InitApply…, InitDone: judge the object once it is whole.
+    let mut listed: Option<K> = None;
+    let run = async {
+        while let Some(event) = events.next().await {
+            let current = match event? {
+                Event::Init => {
+                    listed = None;
+                    continue;
+                }
+                Event::InitApply(o) => {
+                    listed = Some(o);
+                    continue;
+                }
+                Event::InitDone => listed.take(),
+                Event::Apply(o) => Some(o),
+                Event::Delete(_) => None,
+            };
+            if let Some(t) = step(current.as_ref())? {
+                return Ok(Some(t));
+            }
+        }
+        bail!("the watch ended")
+    };
+    match timeout {
+        Some(d) => tokio::time::timeout(d, run).await.unwrap_or(Ok(None)),
+        None => run.await,
     }
 }
 
@@ -561,7 +610,8 @@ pub async fn removevolume(a: RemoveVolume, c: Common) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits until the volume is `Ready` (`plugged`) or gone from the VMI; prints each phase change.
+/// Waits until the volume is `Ready` (`plugged`) or gone from the VMI (on a watch of the VMI);
+/// reports a `HotplugFailed` reason on stderr once per phase.
 async fn wait_volume(
     client: &kube::Client,
     ns: &str,
@@ -571,36 +621,37 @@ async fn wait_volume(
     plugged: bool,
 ) -> anyhow::Result<Option<api::kubevirt::VolumeStatus>> {
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), ns);
-    let end = Instant::now() + timeout;
     let mut seen: BTreeMap<String, ()> = BTreeMap::new();
-    loop {
-        let vmi = vmis.get_opt(vm).await.map_err(api_err("read the VMI"))?;
+    let mut last: Option<api::kubevirt::VolumeStatus> = None;
+    let done = follow(&vmis, vm, Some(timeout), |vmi| {
         let Some(vmi) = vmi else {
             if plugged {
                 bail!("VM {vm} is not running: the volume is in its spec and is plugged when it starts");
             }
-            return Ok(None);
+            return Ok(Some(None));
         };
         let entry = vmi.status.as_ref().and_then(|s| s.volume_status.iter().find(|e| e.name == volume)).cloned();
         let in_spec = vmi.spec.volumes.iter().any(|v| v.name == volume);
-        if let Some(e) = &entry {
-            let key = format!("{}/{}", e.phase.clone().unwrap_or_default(), e.reason.clone().unwrap_or_default());
-            if seen.insert(key.clone(), ()).is_none() && e.reason.as_deref() == Some("HotplugFailed") {
-                eprintln!("volume {volume}: {} ({})", key, e.message.clone().unwrap_or_default());
-            }
-            if plugged && e.phase.as_deref() == Some("Ready") {
-                return Ok(entry);
-            }
-        } else if !plugged && !in_spec {
-            return Ok(None);
+        last.clone_from(&entry);
+        let Some(e) = entry else {
+            return Ok((!plugged && !in_spec).then_some(None));
+        };
+        let key = format!("{}/{}", e.phase.clone().unwrap_or_default(), e.reason.clone().unwrap_or_default());
+        if seen.insert(key.clone(), ()).is_none() && e.reason.as_deref() == Some("HotplugFailed") {
+            eprintln!("volume {volume}: {} ({})", key, e.message.clone().unwrap_or_default());
         }
-        if Instant::now() > end {
-            let state = entry.map_or_else(
+        Ok((plugged && e.phase.as_deref() == Some("Ready")).then_some(Some(e)))
+    })
+    .await
+    .context("watch the VMI")?;
+    match done {
+        Some(entry) => Ok(entry),
+        None => {
+            let state = last.map_or_else(
                 || "no status yet".to_owned(),
                 |e| format!("{} {}: {}", e.phase.unwrap_or_default(), e.reason.unwrap_or_default(), e.message.unwrap_or_default()),
             );
             bail!("volume {volume} of VM {vm}: not {} after {timeout:?} ({state})", if plugged { "Ready" } else { "unplugged" });
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

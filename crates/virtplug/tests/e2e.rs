@@ -260,6 +260,12 @@ async fn imported_media_and_the_cli_with_wait() {
     // A script can rely on the exit code: an unknown volume is refused with KubeVirt's message.
     let (ok, err) = up.run(env!("CARGO_BIN_EXE_virtplug"), &["removevolume", "p2", "--volume-name", "nope"]);
     assert!(!ok && err.contains("Unable to remove volume [nope] because it does not exist"), "{err}");
+    // `--wait` on a volume that cannot become Ready: exit 1 at the timeout, naming the state the
+    // watch saw last (the agent's reason), not a bare "timed out".
+    let (ok, err) =
+        up.run(env!("CARGO_BIN_EXE_virtplug"), &["addvolume", "p2", "--volume-name", "w", "--claim", "never", "--wait", "--timeout", "3s"]);
+    assert!(!ok && err.contains("volume w of VM p2: not Ready after 3s") && err.contains("claim never does not exist"), "{err}");
+    up.virtplug(&["removevolume", "p2", "--volume-name", "w", "--wait"]);
 }
 
 /// 4. 8 VMs × 4 volumes plugged at once, then unplugged: every guest agrees.
