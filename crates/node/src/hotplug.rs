@@ -327,61 +327,65 @@ pub async fn reconcile(
             message: format!("opened {}", o.path.display()),
         })
         .collect();
-    write(shared, vmi, attached_to_node).await;
-
-    // 2. Bind-mount mode: each target made in QEMU's namespace (QEMU opens the path).
-    let mut sources: Vec<(&Volume, &Disk, Source, Instant)> = Vec::new();
-    let mut mounted: Vec<Change> = Vec::new();
-    for (v, d, o, started) in opened {
-        let Some(b) = bind else {
-            sources.push((v, d, Source::Fd(o.fd), started));
-            continue;
-        };
-        let t = Instant::now();
-        match expose(b, &v.name, o, d.readonly() || d.kind() == DiskKind::Cdrom).await {
-            Ok(target) => {
-                crate::metrics::observe("mount", t.elapsed().as_secs_f64());
-                reached.insert(v.name.clone(), "MountedToPod");
-                mounted.push(Change::Set {
-                    name: v.name.clone(),
-                    phase: "MountedToPod",
-                    reason: "VolumeMountedToPod",
-                    message: format!("Volume {} has been mounted in virt-launcher pod (at {})", v.name, target.display()),
-                });
-                sources.push((v, d, Source::Path(target), started));
-            }
-            Err(e) => failed.push((v, e, started)),
-        }
-    }
-    write(shared, vmi, mounted).await;
-
-    // 3. Into QEMU, in turn (one QMP connection): media into their drives; disks staged (their
-    // block nodes — `MountedToPod` in fd mode), then their devices added while that one write
-    // goes out.
     let mut staged: Vec<(&Volume, qemu::ops::Staged, Instant)> = Vec::new();
     // What QEMU took in this pass: Ready below, in one place for media and disks.
     let mut in_place: Vec<(&Volume, Instant)> = Vec::new();
-    for (v, d, source, started) in sources {
-        let t = Instant::now();
-        if d.kind() == DiskKind::Cdrom {
-            let r = machine.insert_medium(&d.name, &v.name, source).await;
-            crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
-            match r {
-                Ok(()) => in_place.push((v, started)),
+    // The `AttachedToNode` write goes out while the volumes are staged, not before: it is off
+    // the hot-plug's critical path. Writes of one object queue in order on its lock (FIFO), and
+    // this one is polled first, so `MountedToPod` still lands after it.
+    let staging = async {
+        // 2. Bind-mount mode: each target made in QEMU's namespace (QEMU opens the path).
+        let mut sources: Vec<(&Volume, &Disk, Source, Instant)> = Vec::new();
+        let mut mounted: Vec<Change> = Vec::new();
+        for (v, d, o, started) in opened {
+            let Some(b) = bind else {
+                sources.push((v, d, Source::Fd(o.fd), started));
+                continue;
+            };
+            let t = Instant::now();
+            match expose(b, &v.name, o, d.readonly() || d.kind() == DiskKind::Cdrom).await {
+                Ok(target) => {
+                    crate::metrics::observe("mount", t.elapsed().as_secs_f64());
+                    reached.insert(v.name.clone(), "MountedToPod");
+                    mounted.push(Change::Set {
+                        name: v.name.clone(),
+                        phase: "MountedToPod",
+                        reason: "VolumeMountedToPod",
+                        message: format!("Volume {} has been mounted in virt-launcher pod (at {})", v.name, target.display()),
+                    });
+                    sources.push((v, d, Source::Path(target), started));
+                }
+                Err(e) => failed.push((v, e, started)),
+            }
+        }
+        write(shared, vmi, mounted).await;
+
+        // 3. Into QEMU, in turn (one QMP connection): media into their drives; disks staged
+        // (their block nodes — `MountedToPod` in fd mode), then their devices added while that
+        // one write goes out.
+        for (v, d, source, started) in sources {
+            let t = Instant::now();
+            if d.kind() == DiskKind::Cdrom {
+                let r = machine.insert_medium(&d.name, &v.name, source).await;
+                crate::metrics::observe("qemu", t.elapsed().as_secs_f64());
+                match r {
+                    Ok(()) => in_place.push((v, started)),
+                    Err(e) => failed.push((v, refused(&e), started)),
+                }
+                continue;
+            }
+            let kind = if d.kind() == DiskKind::Lun { DeviceKind::Lun } else { DeviceKind::Disk };
+            let serial = d.serial.clone().unwrap_or_else(|| v.name.clone());
+            match machine.stage(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source }).await {
+                Ok(s) => {
+                    crate::metrics::observe("stage", t.elapsed().as_secs_f64());
+                    staged.push((v, s, started));
+                }
                 Err(e) => failed.push((v, refused(&e), started)),
             }
-            continue;
         }
-        let kind = if d.kind() == DiskKind::Lun { DeviceKind::Lun } else { DeviceKind::Disk };
-        let serial = d.serial.clone().unwrap_or_else(|| v.name.clone());
-        match machine.stage(Attach { volume: v.name.clone(), serial, kind, readonly: d.readonly(), source }).await {
-            Ok(s) => {
-                crate::metrics::observe("stage", t.elapsed().as_secs_f64());
-                staged.push((v, s, started));
-            }
-            Err(e) => failed.push((v, refused(&e), started)),
-        }
-    }
+    };
+    tokio::join!(write(shared, vmi, attached_to_node), staging);
     let in_qemu: Vec<Change> = if bind.is_none() {
         staged
             .iter()
