@@ -156,7 +156,25 @@ struct Worker {
     task: tokio::task::JoinHandle<()>,
 }
 
-/// Runs the agent until the process stops (or the future is dropped: VMs keep running).
+impl Drop for Worker {
+    /// A worker lives no longer than its agent: when the agent's future is dropped (`up` shutting
+    /// down), no worker goes on to report its QEMU's exit or to touch QEMU.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A helper task of the agent, stopped with it.
+struct Task(tokio::task::JoinHandle<()>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs the agent until the process stops. Dropping the future stops it and its workers at
+/// their next await point; the VMs keep running (the next agent adopts them).
 ///
 /// # Errors
 /// When the node cannot be registered or the state dir created.
@@ -185,9 +203,9 @@ pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError>
     });
 
     // Storage changes wake every worker.
-    let storage = {
+    let _storage = {
         let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
+        Task(tokio::spawn(async move {
             let pvcs = watcher(Api::<PersistentVolumeClaim>::all(shared.client.clone()), watcher::Config::default())
                 .default_backoff()
                 .map(|_| ())
@@ -198,10 +216,10 @@ pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError>
             while both.next().await.is_some() {
                 shared.storage_changed.send_modify(|n| *n = n.wrapping_add(1));
             }
-        })
+        }))
     };
 
-    let mounts = watch_mounts(Arc::clone(&shared));
+    let _mounts = Task(watch_mounts(Arc::clone(&shared)));
 
     let mut workers: HashMap<String, Worker> = HashMap::new();
     let mut listed: HashSet<String> = HashSet::new();
@@ -250,8 +268,6 @@ pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError>
             }
         }
     }
-    storage.abort();
-    mounts.abort();
     Ok(())
 }
 

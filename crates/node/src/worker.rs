@@ -205,6 +205,40 @@ pub async fn stop_orphan(run_dir: &Path) {
     forget(run_dir);
 }
 
+/// `up --stop-vms-on-exit`: stops the QEMU of `run_dir` ([`stop_orphan`]) and records why on
+/// its VMI — `Failed`, reason `NodeShutdown` — so the next `up` treats it like a VM whose node
+/// went down (`Always` and `RerunOnFailure` start it again) instead of finding a `Running` VMI
+/// without QEMU. Call it after the agent has stopped (no worker may report the exit as a crash)
+/// and while the API still serves.
+pub async fn stop_for_shutdown(client: &kube::Client, run_dir: &Path, record: &crate::checkpoint::VmiRecord) {
+    stop_orphan(run_dir).await;
+    let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &record.namespace);
+    let r = client::update_status(&api, &record.name, |v: &mut VirtualMachineInstance| {
+        if v.metadata.uid.as_deref() != Some(record.uid.as_str()) {
+            return; // a newer VMI of the same name: not the one stopped
+        }
+        let s = v.status.get_or_insert_with(VirtualMachineInstanceStatus::default);
+        s.phase = Some("Failed".into());
+        s.reason = Some("NodeShutdown".into());
+        let c = Condition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: Some("NodeShutdown".into()),
+            message: Some("stopped with `virtplug up --stop-vms-on-exit`".into()),
+            last_transition_time: Some(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+            ..Condition::default()
+        };
+        s.conditions.retain(|x| x.type_ != "Ready");
+        s.conditions.push(c);
+    })
+    .await;
+    match r {
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) => tracing::warn!("VMI {}/{}: cannot record that it was stopped: {e}", record.namespace, record.name),
+    }
+}
+
 /// Removes what a VM whose QEMU is gone leaves on the node: its devices cgroup (bind-mount
 /// mode; its bind mounts went with QEMU's namespace) and its run dir.
 fn forget(run_dir: &Path) {

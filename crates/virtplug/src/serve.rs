@@ -254,20 +254,24 @@ async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions
     let server = apiserver::Server::open(&config, Some(listen))
         .await
         .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
+    // `up`: the in-process client and the controller's and node agent's tasks.
+    let mut components: Option<(kube::Client, Vec<tokio::task::JoinHandle<()>>)> = None;
     if let Some(up) = &up {
         // In-process client: the controller and the node agent reach the API without a socket.
         let client = client::in_process(server.local_router());
         let ctl = controller::run::Config { storage_root: Some(config.data_dir.join("storage")), ..controller::run::Config::default() };
-        tokio::spawn(controller::run::run_with(client.clone(), ctl));
+        let controller = tokio::spawn(controller::run::run_with(client.clone(), ctl));
         let mut node_config = node::agent::Config::new(&up.node_name, &config.data_dir);
         node_config.accel = up.accel;
         node_config.vm_nice = up.vm_nice;
         node_config.mode = up.attach_mode;
-        tokio::spawn(async move {
-            if let Err(e) = node::agent::run(client, node_config).await {
+        let agent_client = client.clone();
+        let agent = tokio::spawn(async move {
+            if let Err(e) = node::agent::run(agent_client, node_config).await {
                 tracing::error!("the node agent stopped: {e:#}");
             }
         });
+        components = Some((client, vec![controller, agent]));
     }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -316,13 +320,20 @@ async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions
         r = signals => {
             r?;
             eprintln!("virtplug {what}: shutting down");
-            shutdown.cancel();
-            if let Some(up) = &up {
+            if let (Some(up), Some((client, tasks))) = (&up, components) {
+                // The controller and the agent stop first: nothing acts on a VM (or reports a VM
+                // stopped below as crashed) while `up` shuts down. The API serves until the end.
+                for t in &tasks {
+                    t.abort();
+                }
+                for t in tasks {
+                    let _ = t.await;
+                }
                 let records = node::checkpoint::records(&config.data_dir.join("node").join("vmis"));
                 if up.stop_vms_on_exit {
                     for (dir, r) in &records {
                         eprintln!("virtplug up: stopping VM {}/{}", r.namespace, r.name);
-                        node::worker::stop_orphan(dir).await;
+                        node::worker::stop_for_shutdown(&client, dir, r).await;
                     }
                 } else if !records.is_empty() {
                     eprintln!(
@@ -333,6 +344,7 @@ async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions
                     );
                 }
             }
+            shutdown.cancel();
         }
     }
     Ok(())

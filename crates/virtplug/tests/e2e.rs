@@ -53,11 +53,19 @@ impl Up {
 
     /// Starts `virtplug up` on this data dir and waits for its first line (the URL).
     fn spawn(&mut self) {
+        self.spawn_with(&["up", "--node-name", "e2e", "--accel", "tcg"]);
+    }
+
+    /// Starts `virtplug ARGS --listen 127.0.0.1:0 --data-dir DIR` (`up` or `apiserver`), its
+    /// stderr appended to `DIR/stderr.log`, and waits for the line with its URL.
+    fn spawn_with(&mut self, args: &[&str]) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("stderr.log")).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_virtplug"))
-            .args(["up", "--listen", "127.0.0.1:0", "--node-name", "e2e", "--accel", "tcg", "--data-dir"])
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(self.dir.path())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -70,6 +78,20 @@ impl Up {
         // Keep draining stdout so `up` never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         self.child = Some(child);
+    }
+
+    /// SIGINT to the process started last, then its exit (with a deadline); its stderr so far.
+    async fn interrupt(&mut self) -> String {
+        let mut c = self.child.take().unwrap();
+        let pid = rustix::process::Pid::from_raw(i32::try_from(c.id()).unwrap()).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+        let status = common::wait_until(Duration::from_secs(60), "the process to exit after SIGINT", || {
+            let r = c.try_wait().unwrap();
+            async move { r }
+        })
+        .await;
+        assert!(status.success(), "a clean exit after SIGINT: {status}");
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap()
     }
 
     /// `kill -9` of `up` (API server, controller and agent at once).
@@ -345,4 +367,37 @@ async fn when_up_is_gone_and_the_vm_dies_the_claim_is_freed() {
     up.kubectl(&["delete", "vm", "p6", "--wait=true", "--timeout=90s"]);
     up.kubectl(&["delete", "pvc", "s", "--wait=true", "--timeout=90s"]);
     assert!(!claim_dir.exists(), "the claim's storage is freed");
+}
+
+/// `up --stop-vms-on-exit`: SIGINT stops the VMs with `up` — their QEMUs are gone, no worker
+/// reports the stop as a crash on the way out, and the VMI records why it stopped (`Failed`,
+/// reason `NodeShutdown`) — and the next `up` starts the VM again (runStrategy `Always`: a new
+/// VMI, a new boot) instead of finding a `Running` VMI without QEMU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_vms_on_exit_stops_them_with_up_and_the_next_up_starts_them_again() {
+    let mut up = Up { dir: tempfile::tempdir().unwrap(), child: None };
+    up.spawn_with(&["up", "--node-name", "e2e", "--accel", "tcg", "--stop-vms-on-exit"]);
+    up.vm("s1");
+    let uid = up.ready("s1").await;
+    let pid = qemu::process::adopt(&up.dir.path().join("node/vmis").join(&uid)).unwrap().pid;
+    let stderr = up.interrupt().await;
+    assert!(stderr.contains("stopping VM default/s1"), "{stderr}");
+    for bad in ["VMICrashed", "cannot set phase", "cannot record"] {
+        assert!(!stderr.contains(bad), "nothing reported as crashed or failed on the way out ({bad}): {stderr}");
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    assert!(!String::from_utf8_lossy(&cmdline).contains(&uid), "QEMU {pid} is gone");
+    assert!(!up.dir.path().join("node/vmis").join(&uid).exists(), "its run dir is removed");
+
+    // What `up` left in the store, read through the API server alone (no controller to move on).
+    up.spawn_with(&["apiserver"]);
+    let vmi = up.json(&["get", "vmi", "s1"]);
+    assert_eq!(vmi["metadata"]["uid"], uid.as_str());
+    assert_eq!((vmi["status"]["phase"].as_str(), vmi["status"]["reason"].as_str()), (Some("Failed"), Some("NodeShutdown")), "{vmi}");
+    up.interrupt().await;
+
+    up.spawn();
+    let again = up.ready("s1").await;
+    assert_ne!(again, uid, "a new VMI");
+    assert_eq!(up.serial_log(&again).iter().filter(|l| l.starts_with("VP-READY")).count(), 1);
 }
