@@ -218,6 +218,17 @@ fn print_one<T: serde::Serialize>(output: &str, item: &T, table: impl Fn(&[T]) -
     Ok(())
 }
 
+/// An action's outcome: `text` in table mode, `doc` (a JSON value) with `-o json|yaml`, so a
+/// script never has to parse prose.
+fn report(output: &str, text: &str, doc: &Value) -> anyhow::Result<()> {
+    match output {
+        "json" => println!("{}", serde_json::to_string_pretty(doc)?),
+        "yaml" => print!("{}", serde_yaml::to_string(doc)?),
+        _ => println!("{text}"),
+    }
+    Ok(())
+}
+
 const VM_HEADER: &[&str] = &["NAME", "STATUS", "READY", "NODE", "VOLUMES"];
 
 fn vm_rows(vms: &[(VirtualMachine, Option<VirtualMachineInstance>)]) -> Vec<Vec<String>> {
@@ -259,9 +270,9 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
     let ns = &c.namespace;
     let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), ns);
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), ns);
-    match cmd {
+    match &cmd {
         Vm::Create(a) => {
-            let vm = build_vm(&a, ns)?;
+            let vm = build_vm(a, ns)?;
             let created = vms.create(&PostParams::default(), &vm).await.map_err(api_err("create the VM"))?;
             if c.output == "table" {
                 println!("virtualmachine/{} created", created.name_any());
@@ -282,34 +293,39 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
             }
         }
         Vm::Get { name } => {
-            let vm = vms.get(&name).await.map_err(api_err(&format!("get VM {name}")))?;
-            let vmi = vmis.get_opt(&name).await.ok().flatten();
+            let vm = vms.get(name).await.map_err(api_err(&format!("get VM {name}")))?;
+            let vmi = vmis.get_opt(name).await.ok().flatten();
             match c.output.as_str() {
                 "table" => print_objects("table", &[(vm, vmi)], vm_rows, VM_HEADER)?,
                 o => print_one(o, &VmView { vm, vmi }, |_| Vec::new(), &[])?,
             }
         }
-        Vm::Start { name } => {
-            subresource(&client, ns, &name, "start", &json!({})).await?;
-            println!("VM {name} was scheduled to start");
-        }
-        Vm::Stop { name, grace_period } => {
-            let body = grace_period.map_or_else(|| json!({}), |g| json!({"gracePeriod": g}));
-            subresource(&client, ns, &name, "stop", &body).await?;
-            println!("VM {name} was scheduled to stop");
-        }
-        Vm::Restart { name } => {
-            subresource(&client, ns, &name, "restart", &json!({})).await?;
-            println!("VM {name} was scheduled to restart");
+        Vm::Start { name } | Vm::Stop { name, .. } | Vm::Restart { name } => {
+            let (action, body) = match &cmd {
+                Vm::Stop { grace_period: Some(g), .. } => ("stop", json!({"gracePeriod": g})),
+                Vm::Stop { .. } => ("stop", json!({})),
+                Vm::Start { .. } => ("start", json!({})),
+                _ => ("restart", json!({})),
+            };
+            subresource(&client, ns, name, action, &body).await?;
+            let doc = if c.output == "table" {
+                Value::Null
+            } else {
+                // The VM as the action left it (its runStrategy or stateChangeRequests).
+                let vm = vms.get(name).await.map_err(api_err(&format!("get VM {name}")))?;
+                let vmi = vmis.get_opt(name).await.ok().flatten();
+                serde_json::to_value(VmView { vm, vmi })?
+            };
+            report(&c.output, &format!("VM {name} was scheduled to {action}"), &doc)?;
         }
         Vm::Delete { name } => {
-            vms.delete(&name, &DeleteParams::default()).await.map_err(api_err(&format!("delete VM {name}")))?;
-            println!("virtualmachine/{name} deleted");
+            let r = vms.delete(name, &DeleteParams::default()).await.map_err(api_err(&format!("delete VM {name}")))?;
+            report(&c.output, &format!("virtualmachine/{name} deleted"), &r.either(serde_json::to_value, serde_json::to_value)?)?;
         }
         Vm::Console { name, data_dir } => {
-            let vmi = vmis.get(&name).await.map_err(api_err(&format!("get VMI {name} (is the VM running?)")))?;
+            let vmi = vmis.get(name).await.map_err(api_err(&format!("get VMI {name} (is the VM running?)")))?;
             let uid = vmi.uid().unwrap_or_default();
-            let dir = data_dir.unwrap_or_else(crate::default_data_dir).join("node/vmis").join(&uid);
+            let dir = data_dir.clone().unwrap_or_else(crate::default_data_dir).join("node/vmis").join(&uid);
             console(&dir.join("serial.sock")).await?;
         }
     }
@@ -411,20 +427,25 @@ pub async fn volume(cmd: Volume, c: Common) -> anyhow::Result<()> {
                 json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": name, "namespace": ns},
                 "spec": {"source": {"http": {"url": url}}, "storage": {"volumeMode": mode, "resources": {"requests": {"storage": size}}}}}),
             )?;
-            dvs.create(&PostParams::default(), &dv).await.map_err(api_err("create the DataVolume"))?;
+            let created = dvs.create(&PostParams::default(), &dv).await.map_err(api_err("create the DataVolume"))?;
             if no_wait {
-                println!("datavolume/{name} created");
+                report(&c.output, &format!("datavolume/{name} created"), &serde_json::to_value(created)?)?;
                 return Ok(());
             }
-            follow_import(&dvs, &name, c.output == "table").await?;
+            let done = follow_import(&dvs, &name, c.output == "table").await?;
+            report(&c.output, &format!("datavolume/{name} imported"), &serde_json::to_value(done)?)?;
         }
         Volume::List => {
             let list = pvcs.list(&ListParams::default()).await.map_err(api_err("list claims"))?.items;
             print_objects(&c.output, &list, pvc_rows, PVC_HEADER)?;
         }
         Volume::Delete { name } => {
-            pvcs.delete(&name, &DeleteParams::default()).await.map_err(api_err(&format!("delete claim {name}")))?;
-            println!("persistentvolumeclaim/{name} deleted (storage released once no VMI uses it)");
+            let r = pvcs.delete(&name, &DeleteParams::default()).await.map_err(api_err(&format!("delete claim {name}")))?;
+            report(
+                &c.output,
+                &format!("persistentvolumeclaim/{name} deleted (storage released once no VMI uses it)"),
+                &r.either(serde_json::to_value, serde_json::to_value)?,
+            )?;
         }
     }
     Ok(())
@@ -450,8 +471,9 @@ fn pvc_rows(items: &[PersistentVolumeClaim]) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// Follows an import until it ends, with a progress bar on a terminal.
-async fn follow_import(dvs: &Api<DataVolume>, name: &str, bar: bool) -> anyhow::Result<()> {
+/// Follows an import until it ends, with a progress bar on stderr in table mode; the
+/// DataVolume as it succeeded.
+async fn follow_import(dvs: &Api<DataVolume>, name: &str, bar: bool) -> anyhow::Result<DataVolume> {
     let mut last = String::new();
     let outcome = follow(dvs, name, None, |dv| {
         let Some(dv) = dv else { bail!("DataVolume {name} was deleted during its import") };
@@ -468,7 +490,7 @@ async fn follow_import(dvs: &Api<DataVolume>, name: &str, bar: bool) -> anyhow::
             last = line;
         }
         Ok(match phase.as_str() {
-            "Succeeded" => Some(Ok(())),
+            "Succeeded" => Some(Ok(dv.clone())),
             "Failed" => {
                 let why = st.conditions.iter().find(|c| c.type_ == "Running").and_then(|c| c.message.clone()).unwrap_or_default();
                 Some(Err(anyhow::anyhow!("import of {name} failed: {why}")))
@@ -482,11 +504,7 @@ async fn follow_import(dvs: &Api<DataVolume>, name: &str, bar: bool) -> anyhow::
         eprintln!();
     }
     match outcome? {
-        Some(Ok(())) => {
-            println!("datavolume/{name} imported");
-            Ok(())
-        }
-        Some(Err(e)) => Err(e),
+        Some(r) => r,
         None => bail!("the watch of DataVolume {name} ended"),
     }
 }
@@ -572,21 +590,31 @@ pub async fn addvolume(a: AddVolume, c: Common) -> anyhow::Result<()> {
     }
     let since = jiff::Timestamp::now();
     subresource(&client, ns, &a.vm, "addvolume", &body).await?;
+    let table = c.output == "table";
+    let mut doc = json!({"vm": a.vm, "namespace": ns, "volume": a.volume_name, "dryRun": a.dry_run, "submitted": true});
     if a.dry_run {
-        println!("addvolume {} to VM {}: accepted (dry run, nothing written)", a.volume_name, a.vm);
-        return Ok(());
+        return report(&c.output, &format!("addvolume {} to VM {}: accepted (dry run, nothing written)", a.volume_name, a.vm), &doc);
     }
-    println!("Successfully submitted add volume request to VM {} for volume {}", a.vm, a.volume_name);
+    if table {
+        println!("Successfully submitted add volume request to VM {} for volume {}", a.vm, a.volume_name);
+    }
     if a.wait {
         let st = wait_volume(&client, ns, &a.vm, &a.volume_name, a.timeout, true).await?;
-        if let Some(st) = st {
-            println!("volume {} is Ready in VM {}:", a.volume_name, a.vm);
-            print!("{}", timeline(&st, since));
-            let total = (jiff::Timestamp::now() - since).as_secs_f64() * 1000.0;
-            println!("  total            {total:>8.0} ms");
+        let total = (jiff::Timestamp::now() - since).as_secs_f64() * 1000.0;
+        if table {
+            if let Some(st) = &st {
+                println!("volume {} is Ready in VM {}:", a.volume_name, a.vm);
+                print!("{}", timeline(st, since));
+                println!("  total            {total:>8.0} ms");
+            }
         }
+        doc["volumeStatus"] = serde_json::to_value(st)?;
+        doc["elapsedMs"] = json!(total.round());
     }
-    Ok(())
+    if table {
+        return Ok(());
+    }
+    report(&c.output, "", &doc)
 }
 
 pub async fn removevolume(a: RemoveVolume, c: Common) -> anyhow::Result<()> {
@@ -598,16 +626,19 @@ pub async fn removevolume(a: RemoveVolume, c: Common) -> anyhow::Result<()> {
     }
     let since = Instant::now();
     subresource(&client, ns, &a.vm, "removevolume", &body).await?;
+    let mut doc = json!({"vm": a.vm, "namespace": ns, "volume": a.volume_name, "dryRun": a.dry_run, "submitted": true});
     if a.dry_run {
-        println!("removevolume {} from VM {}: accepted (dry run, nothing written)", a.volume_name, a.vm);
-        return Ok(());
+        return report(&c.output, &format!("removevolume {} from VM {}: accepted (dry run, nothing written)", a.volume_name, a.vm), &doc);
     }
-    println!("Successfully submitted remove volume request to VM {} for volume {}", a.vm, a.volume_name);
+    let mut text = format!("Successfully submitted remove volume request to VM {} for volume {}", a.vm, a.volume_name);
     if a.wait {
         wait_volume(&client, ns, &a.vm, &a.volume_name, a.timeout, false).await?;
-        println!("volume {} is unplugged from VM {} ({} ms)", a.volume_name, a.vm, since.elapsed().as_millis());
+        let ms = since.elapsed().as_millis();
+        text.push_str(&format!("\nvolume {} is unplugged from VM {} ({ms} ms)", a.volume_name, a.vm));
+        doc["unplugged"] = json!(true);
+        doc["elapsedMs"] = json!(ms);
     }
-    Ok(())
+    report(&c.output, &text, &doc)
 }
 
 /// Waits until the volume is `Ready` (`plugged`) or gone from the VMI (on a watch of the VMI);

@@ -279,6 +279,20 @@ async fn imported_media_and_the_cli_with_wait() {
     assert!(ok && dry.contains("dry run"), "{dry}");
     up.virtplug(&["removevolume", "p2", "--volume-name", "d", "--wait"]);
     up.guest_has(&uid, &[]).await;
+    // `-o json`: what a script reads instead of the prose (the entry as it became Ready, the
+    // unplug confirmed, the imported DataVolume).
+    let doc: Value =
+        serde_json::from_str(&up.virtplug(&["addvolume", "p2", "--volume-name", "d", "--claim", "d", "--wait", "-o", "json"])).unwrap();
+    assert_eq!((doc["volume"].as_str(), doc["volumeStatus"]["phase"].as_str()), (Some("d"), Some("Ready")), "{doc}");
+    assert!(doc["elapsedMs"].is_number(), "{doc}");
+    up.guest_has(&uid, &["d"]).await;
+    let doc: Value = serde_json::from_str(&up.virtplug(&["removevolume", "p2", "--volume-name", "d", "--wait", "-o", "json"])).unwrap();
+    assert_eq!(doc["unplugged"], true, "{doc}");
+    up.guest_has(&uid, &[]).await;
+    let small = common::guest::serve_file(vec![7u8; 1 << 20]).await;
+    let doc: Value =
+        serde_json::from_str(&up.virtplug(&["volume", "import", "small", "--url", &small, "--size", "4Mi", "-o", "json"])).unwrap();
+    assert_eq!((doc["kind"].as_str(), doc["status"]["phase"].as_str()), (Some("DataVolume"), Some("Succeeded")), "{doc}");
     // A script can rely on the exit code: an unknown volume is refused with KubeVirt's message.
     let (ok, err) = up.run(env!("CARGO_BIN_EXE_virtplug"), &["removevolume", "p2", "--volume-name", "nope"]);
     assert!(!ok && err.contains("Unable to remove volume [nope] because it does not exist"), "{err}");
