@@ -328,7 +328,20 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
             match qemu::process::adopt(&run_dir) {
                 Ok(p) => match connect(&shared, &vmi, p).await {
                     Ok(l) => {
-                        tracing::info!("VMI {}/{}: adopted QEMU {}", vmi.namespace().unwrap_or_default(), vmi.name_any(), l.process.pid);
+                        let object = format!("{}/{}", vmi.namespace().unwrap_or_default(), vmi.name_any());
+                        tracing::info!("VMI {object}: adopted QEMU {}", l.process.pid);
+                        // An agent killed between two QMP commands of an attach or detach left fd
+                        // sets or unused nodes that hold images open and that `attached` does not
+                        // show: they go before the first pass, which re-attaches what is wanted.
+                        match l.machine.sweep().await {
+                            Ok((nodes, sets)) if !nodes.is_empty() || !sets.is_empty() => {
+                                tracing::info!(
+                                    "VMI {object}: removed an interrupted hot-plug's leftovers: nodes {nodes:?}, fd sets {sets:?}"
+                                );
+                            }
+                            Ok(_) => {}
+                            Err(e) => tracing::warn!("VMI {object}: cannot look for an interrupted hot-plug's leftovers: {e}"),
+                        }
                         live = Some(l);
                         force = true;
                     }

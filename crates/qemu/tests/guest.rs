@@ -369,3 +369,42 @@ async fn the_guest_iso_boots_from_the_sata_cdrom() {
     let line = vm.see("the boot medium", |l| l.starts_with("MEDIA sr0 in ")).await;
     assert!(line.contains(&"0".repeat(32)), "an ISO 9660 medium starts with a zeroed system area: {line}");
 }
+
+/// An attach or detach whose caller died between two QMP commands (a node agent killed
+/// mid-way) leaves an fd set or an unused block node that holds the image open; `sweep` finds
+/// and removes exactly those, and leaves attached volumes and their images alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_removes_what_an_interrupted_attach_or_detach_left_holding_the_image() {
+    let vm = TestVm::boot().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kept = image(dir.path(), "kept.img", b"VP-SWEEP-KEPT-01", 4 << 20);
+    let set_only = image(dir.path(), "set.img", b"VP-SWEEP-FDSET-1", 4 << 20);
+    let node_only = image(dir.path(), "node.img", b"VP-SWEEP-NODE-01", 4 << 20);
+    let q = &vm.machine.qmp;
+    vm.machine.attach(disk("kept", open(&kept, true))).await.unwrap();
+    // Killed after add-fd, before blockdev-add: an fd set nobody removes.
+    let fd = open(&set_only, true);
+    q.execute_with_fd("add-fd", json!({"opaque": "virtplug:set"}), std::os::fd::AsFd::as_fd(&fd)).await.unwrap();
+    drop(fd);
+    // Killed after blockdev-add, before remove-fd and device_add: a node and its fd set.
+    let fd = open(&node_only, true);
+    let r = q.execute_with_fd("add-fd", json!({"opaque": "virtplug:node"}), std::os::fd::AsFd::as_fd(&fd)).await.unwrap();
+    drop(fd);
+    let set = r["fdset-id"].as_i64().unwrap();
+    q.execute(
+        "blockdev-add",
+        json!({"node-name": ops::node_name("node"), "driver": "raw", "file": {"driver": "file", "filename": format!("/dev/fdset/{set}")}}),
+    )
+    .await
+    .unwrap();
+    assert!(vm.qemu_fds_on(&set_only) >= 1 && vm.qemu_fds_on(&node_only) >= 1, "the leftovers hold their images");
+
+    let (nodes, sets) = vm.machine.sweep().await.unwrap();
+    assert_eq!(nodes, [ops::node_name("node")]);
+    assert_eq!(sets.len(), 2, "both stale fd sets: {sets:?}");
+    assert_eq!((vm.qemu_fds_on(&set_only), vm.qemu_fds_on(&node_only)), (0, 0), "QEMU let go of both images");
+    assert_eq!(vm.qemu_fds_on(&kept), 1, "the attached volume keeps its image");
+    assert_eq!(vm.machine.attached().await.unwrap().iter().map(|a| a.volume.as_str()).collect::<Vec<_>>(), ["kept"]);
+    // Nothing left: a second sweep removes nothing.
+    assert_eq!(vm.machine.sweep().await.unwrap(), (vec![], vec![]));
+}
