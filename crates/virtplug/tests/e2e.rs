@@ -149,11 +149,7 @@ impl Up {
     }
 
     fn serial_log(&self, uid: &str) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join("node/vmis").join(uid).join("serial.log"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| l.trim_end_matches('\r').to_owned())
-            .collect()
+        common::guest::console_lines(&self.dir.path().join("node/vmis").join(uid).join("serial.log"))
     }
 
     async fn ready(&self, name: &str) -> String {

@@ -196,19 +196,14 @@ impl Env {
     async fn see(&self, vmi: &VirtualMachineInstance, what: &str, pred: impl Fn(&str) -> bool) -> String {
         let log = self.run_dir(vmi).join("serial.log");
         common::wait_until(SEE, what, || {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let hit = text.lines().map(|l| l.trim_end_matches('\r').to_owned()).find(|l| pred(l));
+            let hit = common::guest::console_lines(&log).into_iter().find(|l| pred(l));
             async move { hit }
         })
         .await
     }
 
     fn lines(&self, vmi: &VirtualMachineInstance) -> Vec<String> {
-        std::fs::read_to_string(self.run_dir(vmi).join("serial.log"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| l.trim_end_matches('\r').to_owned())
-            .collect()
+        common::guest::console_lines(&self.run_dir(vmi).join("serial.log"))
     }
 
     async fn patch_vm(&self, name: &str, ops: Value) {
@@ -593,8 +588,14 @@ fn guest_serials(lines: &[String]) -> std::collections::BTreeSet<String> {
 
 /// File descriptors of `pid` that point under `dir`.
 fn fds_under(pid: &str, dir: &Path) -> usize {
+    fd_targets_under(pid, dir).len()
+}
+
+/// What process `pid`'s fds under `dir` point at (for failure messages).
+fn fd_targets_under(pid: &str, dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map_or(0, |d| d.flatten().filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(dir))).count())
+        .map(|d| d.flatten().filter_map(|e| std::fs::read_link(e.path()).ok()).filter(|t| t.starts_with(dir)).collect())
+        .unwrap_or_default()
 }
 
 /// The agent is killed at random points of attach and detach, 24 times, and restarted at once;
@@ -656,11 +657,20 @@ async fn killing_the_agent_at_random_points_loses_and_leaks_nothing() {
     .await;
     let q = qemu::process::adopt(&e.run_dir(&vmi)).unwrap();
     assert_eq!(e.lines(&vmi).iter().filter(|l| l.starts_with("VP-READY")).count(), 1, "the guest never restarted");
-    assert_eq!(
-        fds_under(&q.pid.to_string(), &e.storage_root()),
-        want.iter().filter(|n| *n != "rb").count(),
-        "QEMU holds one fd per attached file volume"
-    );
+    let held = fd_targets_under(&q.pid.to_string(), &e.storage_root());
+    let claims: Vec<(String, String)> =
+        e.pvcs.list(&Default::default()).await.unwrap().items.iter().map(|p| (p.name_any(), p.uid().unwrap_or_default())).collect();
+    let want_fds = want.iter().filter(|n| *n != "rb").count();
+    if held.len() != want_fds {
+        // Say what QEMU holds: stop the agent (it owns the one QMP connection) and ask.
+        e.kill_agent().await;
+        let qmp = qemu::qmp::Qmp::connect_within(&e.run_dir(&vmi).join("qmp.sock"), Duration::from_secs(10)).await.unwrap();
+        let mut state = String::new();
+        for cmd in ["query-block", "query-named-block-nodes", "query-fdsets"] {
+            state.push_str(&format!("{cmd}: {}\n", qmp.execute(cmd, json!({})).await.unwrap()));
+        }
+        panic!("QEMU holds one fd per attached file volume: it holds {held:?}; claims {claims:?}; wanted {want:?}\n{state}");
+    }
     // An fd an aborted agent had in flight (open done, QMP not yet) is closed as its tasks
     // unwind: wait for that, with a deadline — a real leak stays and fails here.
     let root = e.storage_root();

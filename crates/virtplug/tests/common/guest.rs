@@ -11,6 +11,15 @@ pub fn guest_dir() -> PathBuf {
     dir.canonicalize().expect("guest dir")
 }
 
+/// The complete lines of a guest's console log (QEMU's `serial.log`), `\r` trimmed. The line
+/// being written is left out: QEMU logs the UART's bytes as they come, so a reader can catch a
+/// line half-way (`MEDIA sr0 in 131`, its first bytes) and must not judge it.
+pub fn console_lines(log: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+    complete.lines().map(|l| l.trim_end_matches('\r').to_owned()).collect()
+}
+
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
