@@ -30,6 +30,10 @@ struct Args {
     boots: usize,
     #[arg(long, default_value = "tcg")]
     accel: String,
+    /// Also measure what an idle guest costs the host: QEMU's CPU time (utime + stime) over this
+    /// many seconds after `VP-READY`, with nothing plugged (0 skips it).
+    #[arg(long, default_value_t = 0)]
+    idle_seconds: u64,
     /// Fleet mode (P2's floor): boot this many VMs and plug `--fleet-volumes` volumes into each
     /// directly over QMP, all VMs at once, then unplug them; no control plane.
     #[arg(long, default_value_t = 0)]
@@ -107,6 +111,13 @@ async fn main() -> anyhow::Result<()> {
         drop(vm);
     }
     let (mut vm, _) = boot(&args, &tmp.path().join("main")).await?;
+    let idle = if args.idle_seconds > 0 {
+        let c0 = cpu_seconds(vm.process.pid)?;
+        tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+        Some((cpu_seconds(vm.process.pid)? - c0) / args.idle_seconds as f64 * 100.0)
+    } else {
+        None
+    };
 
     let mut rtt = Vec::new();
     for _ in 0..200 {
@@ -160,7 +171,19 @@ async fn main() -> anyhow::Result<()> {
     println!("| attach by fd → guest has read size, content, serial (`BLOCK+`) | {} |", stats(plug));
     println!("| detach → guest `BLOCK-` | {} |", stats(gone));
     println!("| detach → complete (DEVICE_DELETED, blockdev-del) | {} |", stats(detach_done));
+    if let Some(pct) = idle {
+        println!("\nidle guest: QEMU used {pct:.1} % of one host core over {} s (utime + stime)", args.idle_seconds);
+    }
     Ok(())
+}
+
+/// utime + stime of `pid`, in seconds (USER_HZ = 100).
+fn cpu_seconds(pid: i32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map(|(_, r)| r).context("no ')' in /proc/PID/stat")?;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15, i.e. 12 and 13 after the ")".
+    Ok((f[11].parse::<f64>()? + f[12].parse::<f64>()?) / 100.0)
 }
 
 /// P2's floor: the same fleet and volumes as P2, plugged and unplugged straight over QMP (one
