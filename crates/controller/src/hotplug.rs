@@ -416,7 +416,10 @@ pub async fn reconcile(
 /// then `Bound` (`PVCBound`) with the claim's info. It only ever creates an entry or moves it
 /// `Pending` → `Bound`: an entry already in the phase it would write is left as it is (the node
 /// agent writes its own reason and message there — two writers rewriting each other's message
-/// would wake each other forever), and entries past `Bound` belong to the node agent.
+/// would wake each other forever), and entries past `Bound` belong to the node agent — except
+/// `persistentVolumeClaimInfo`, the controller's field, which it fills in once wherever it is
+/// missing (the agent may create an entry first when it reacts to the spec faster than this
+/// status write).
 ///
 /// # Errors
 /// When a read or the status write fails.
@@ -438,7 +441,8 @@ pub async fn report_claims(client: &kube::Client, vmi: &api::VirtualMachineInsta
     let mut wanted = Vec::new();
     for v in vmi.spec.volumes.iter().filter(|v| v.is_hotpluggable()) {
         let entry = vmi.status.as_ref().and_then(|s| s.volume_status.iter().find(|e| e.name == v.name));
-        if entry.is_some_and(|e| !matches!(e.phase.as_deref(), None | Some("" | "Pending"))) {
+        let past_pending = entry.is_some_and(|e| !matches!(e.phase.as_deref(), None | Some("" | "Pending")));
+        if past_pending && entry.is_some_and(|e| e.persistent_volume_claim_info.is_some()) {
             continue;
         }
         let claim = v
@@ -477,7 +481,9 @@ pub async fn report_claims(client: &kube::Client, vmi: &api::VirtualMachineInsta
         } else {
             ("Pending", "PVCNotReady", format!("PVC {claim} is not ready (not bound or still importing)"))
         };
-        wanted.push((v.name.clone(), phase, reason, message, info));
+        // Past Pending the phase is the agent's: only the missing claim info is written.
+        let phase = if past_pending { None } else { Some((phase, reason, message)) };
+        wanted.push((v.name.clone(), phase, info));
     }
     if wanted.is_empty() {
         return Ok(());
@@ -486,10 +492,16 @@ pub async fn report_claims(client: &kube::Client, vmi: &api::VirtualMachineInsta
     client::update_status(&vmis, &vmi.name_any(), |cur: &mut api::VirtualMachineInstance| {
         let names: Vec<String> = cur.spec.volumes.iter().map(|v| v.name.clone()).collect();
         let st = cur.status.get_or_insert_with(Default::default);
-        for (name, phase, reason, message, info) in &wanted {
+        for (name, phase, info) in &wanted {
             if !names.contains(name) {
                 continue; // unplugged meanwhile
             }
+            let Some((phase, reason, message)) = phase else {
+                if let Some(e) = st.volume_status.iter_mut().find(|e| &e.name == name && e.persistent_volume_claim_info.is_none()) {
+                    e.persistent_volume_claim_info.clone_from(info);
+                }
+                continue;
+            };
             let idx = match st.volume_status.iter().position(|e| &e.name == name) {
                 Some(i) => i,
                 None => {

@@ -227,11 +227,18 @@ async fn write(shared: &Shared, vmi: &VirtualMachineInstance, changes: Vec<Chang
                     let idx = match st.volume_status.iter().position(|e| &e.name == name) {
                         Some(i) => i,
                         None => {
-                            st.volume_status.push(VolumeStatus {
+                            let mut e = VolumeStatus {
                                 name: name.clone(),
                                 hotplug_volume: Some(HotplugVolumeStatus::default()),
                                 ..VolumeStatus::default()
-                            });
+                            };
+                            // The agent reacted to the spec before the controller's status write:
+                            // the claim was bound when it was opened, so the timeline says so
+                            // (the controller leaves entries past Bound alone).
+                            if matches!(*phase, "AttachedToNode" | "MountedToPod" | "Ready") {
+                                e.transition("Bound", "PVCBound", "the claim is bound (seen by the node agent)");
+                            }
+                            st.volume_status.push(e);
                             st.volume_status.len() - 1
                         }
                     };

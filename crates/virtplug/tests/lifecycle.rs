@@ -518,3 +518,35 @@ async fn the_controller_does_not_rewrite_the_agents_message_on_a_pending_volume(
     let st = vmis.get("pp").await.unwrap().status.unwrap().volume_status.remove(0);
     assert_eq!(st.message.as_deref(), Some("claim never does not exist"));
 }
+
+/// Regression (a flaky `addvolume --wait` timeline without `Bound`): the node agent can react to
+/// the VMI spec before the controller's status write and create the entry itself, past `Bound`.
+/// The controller then leaves phase, reason and message to the agent but still fills in the
+/// claim info it owns, once: a second pass writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_the_agent_created_first_gets_its_claim_info_and_keeps_the_agents_phase() {
+    let s = TestServer::start().await;
+    let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(s.client.clone(), "default");
+    let c = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "quick"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "8Mi"}}}});
+    pvcs.create(&PostParams::default(), &serde_json::from_value(c).unwrap()).await.unwrap();
+    let bound = json!({"status": {"phase": "Bound", "capacity": {"storage": "8Mi"}}});
+    pvcs.patch_status("quick", &PatchParams::default(), &Patch::Merge(bound)).await.unwrap();
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(s.client.clone(), "default");
+    let vmi = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "qq"},
+        "spec": {"domain": {"devices": {"disks": [{"name": "q", "disk": {"bus": "scsi"}}]}},
+                 "volumes": [{"name": "q", "persistentVolumeClaim": {"claimName": "quick", "hotpluggable": true}}]}});
+    vmis.create(&PostParams::default(), &serde_json::from_value(vmi).unwrap()).await.unwrap();
+    let status = json!({"status": {"phase": "Running", "volumeStatus": [{"name": "q", "target": "", "phase": "AttachedToNode",
+        "reason": "SuccessfulCreate", "message": "opened /x/disk.img", "hotplugVolume": {}}]}});
+    vmis.patch_status("qq", &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
+
+    controller::hotplug::report_claims(&s.client, &vmis.get("qq").await.unwrap()).await.unwrap();
+    let st = vmis.get("qq").await.unwrap().status.unwrap().volume_status.remove(0);
+    assert_eq!((st.phase.as_deref(), st.message.as_deref()), (Some("AttachedToNode"), Some("opened /x/disk.img")), "the agent's");
+    let info = st.persistent_volume_claim_info.expect("the claim info is filled in");
+    assert_eq!(info.claim_name.as_deref(), Some("quick"));
+    let rev = s.revision();
+    controller::hotplug::report_claims(&s.client, &vmis.get("qq").await.unwrap()).await.unwrap();
+    assert_eq!(s.revision(), rev, "nothing more to write");
+}

@@ -847,7 +847,11 @@ async fn bind_mode_scenario(hierarchy: &Path) {
     let fs_line = e.see(&vmi, "the Filesystem claim in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.fsdata")).await;
     assert!(fs_line.contains(&format!(" {} ", 64u64 << 20 >> 9)) && fs_line.contains(&hex(b"VP-FILESYSTEM-01")), "{fs_line}");
     let blk_line = e.see(&vmi, "the Block claim in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.blkdata")).await;
-    assert!(blk_line.contains(&format!(" {} ", 32u64 << 20 >> 9)) && blk_line.contains(&hex(b"VP-BLOCKDEVICE01")), "{blk_line}");
+    assert!(
+        blk_line.contains(&format!(" {} ", 32u64 << 20 >> 9)) && blk_line.contains(&hex(b"VP-BLOCKDEVICE01")),
+        "{blk_line}; the guest's console: {:#?}",
+        e.lines(&vmi)
+    );
 
     // volumeStatus walks AttachedToNode → MountedToPod → Ready.
     for v in ["fsdata", "blkdata"] {
