@@ -258,6 +258,27 @@ fn entry<'a>(vmi: &'a VirtualMachineInstance, name: &str) -> Option<&'a VolumeSt
     vmi.status.as_ref()?.volume_status.iter().find(|e| e.name == name)
 }
 
+/// The block nodes named by the agent (`ours`) that nothing accounts for: not a wanted volume's
+/// (staged, or about to be plugged), not a device's, not a drive's medium, not deleted by this
+/// pass already (`gone`).
+fn leftover_nodes<'a>(
+    ours: &'a [String],
+    wanted: &[String],
+    attached: &[qemu::ops::Attached],
+    drives: &[qemu::ops::Drive],
+    gone: &[String],
+) -> Vec<&'a str> {
+    ours.iter()
+        .map(String::as_str)
+        .filter(|n| {
+            !wanted.iter().any(|w| w == n)
+                && !attached.iter().any(|a| a.node.as_deref() == Some(*n))
+                && !drives.iter().any(|d| d.medium_node.as_deref() == Some(*n))
+                && !gone.iter().any(|g| g == n)
+        })
+        .collect()
+}
+
 /// Reconciles the VMI's hot-plug volumes with QEMU. Returns when to retry if something waits.
 pub async fn reconcile(
     shared: &Shared,
@@ -275,7 +296,7 @@ pub async fn reconcile(
         .filter(|v| v.is_hotpluggable())
         .filter_map(|v| vmi.spec.domain.devices.disks.iter().find(|d| d.name == v.name).map(|d| (v, d)))
         .collect();
-    let attached = match machine.attached().await {
+    let (attached, our_nodes) = match machine.inventory().await {
         Ok(a) => a,
         Err(e) => {
             tracing::warn!("VMI {object}: cannot ask QEMU what is attached: {e}");
@@ -492,6 +513,8 @@ pub async fn reconcile(
         .collect();
     write(shared, vmi, detaching).await;
     let mut unplugged: Vec<String> = Vec::new();
+    // Nodes this pass deleted itself (detach, eject): not leftovers.
+    let mut unplugged_nodes: Vec<String> = Vec::new();
     let mut unplug_changes: Vec<Change> = Vec::new();
     for a in extra {
         let t = Instant::now();
@@ -502,6 +525,7 @@ pub async fn reconcile(
                 tracing::info!("VMI {object}: volume {} detached", a.volume);
                 // Its target, if bind-mounted, is undone with the stale ones below.
                 held.retain(|h| h != &a.volume);
+                unplugged_nodes.push(qemu::ops::node_name(&a.volume));
                 unplugged.push(a.volume.clone());
             }
             Err(e) => {
@@ -545,6 +569,7 @@ pub async fn reconcile(
         }
         match machine.eject(&dr.id).await {
             Ok(()) => {
+                unplugged_nodes.push(node.to_owned());
                 let what = medium.as_deref().unwrap_or(node);
                 events::publish(
                     &shared.client,
@@ -562,6 +587,19 @@ pub async fn reconcile(
             Err(e) => {
                 held.extend(medium);
                 tracing::warn!("VMI {object}: cannot eject the medium of {}: {}", dr.id, client::error_chain(&e));
+            }
+        }
+    }
+    // Nodes left without their device: an unplug whose `DEVICE_DELETED` came after its wait
+    // ended (deadline, or an agent killed right after `device_del`). `attached` lists devices, so
+    // nothing above sees them, and they hold their images open. A node still bound to a backend
+    // QEMU is finalising refuses deletion: retry soon.
+    for node in leftover_nodes(&our_nodes, &wanted_nodes, &attached, &drives, &unplugged_nodes) {
+        match machine.qmp.execute("blockdev-del", serde_json::json!({"node-name": node})).await {
+            Ok(_) => tracing::info!("VMI {object}: removed block node {node}, left by an interrupted unplug"),
+            Err(e) => {
+                tracing::info!("VMI {object}: block node {node} without its device is not free yet ({e}); retrying");
+                retry = Some(retry.map_or(shared.config.backoff.base, |r| r.min(shared.config.backoff.base)));
             }
         }
     }
@@ -606,4 +644,29 @@ pub async fn reconcile(
         .collect();
     write(shared, vmi, stale).await;
     retry
+}
+
+#[cfg(test)]
+mod tests {
+    use qemu::ops::{Attached, Drive};
+
+    use super::leftover_nodes;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// An unplug interrupted after `device_del` leaves `n-old` without its device: it is the only
+    /// leftover; wanted nodes (even without a device yet), devices' nodes, media and what this
+    /// pass deleted are not.
+    #[test]
+    fn a_node_whose_device_is_gone_and_that_nothing_wants_is_a_leftover() {
+        let ours = names(&["n-old", "n-plugged", "n-staged", "n-medium", "n-detached"]);
+        let attached =
+            [Attached { volume: "plugged".into(), device_type: "scsi-hd".into(), node: Some("n-plugged".into()), readonly: false }];
+        let drives = [Drive { id: "cd0".into(), medium_node: Some("n-medium".into()), tray_open: false }];
+        let left = leftover_nodes(&ours, &names(&["n-plugged", "n-staged"]), &attached, &drives, &names(&["n-detached"]));
+        assert_eq!(left, ["n-old"]);
+        assert!(leftover_nodes(&[], &[], &attached, &drives, &[]).is_empty());
+    }
 }

@@ -405,6 +405,17 @@ impl Machine {
     /// # Errors
     /// The QMP error.
     pub async fn attached(&self) -> Result<Vec<Attached>, QmpError> {
+        Ok(self.inventory().await?.0)
+    }
+
+    /// [`Machine::attached`], and the names of every block node this crate named (`n-…`),
+    /// whether a device uses it or not — a node without its device is what an unplug
+    /// interrupted after `device_del` leaves (the caller decides whether it is still wanted).
+    /// The same two QMP queries as `attached`.
+    ///
+    /// # Errors
+    /// The QMP error.
+    pub async fn inventory(&self) -> Result<(Vec<Attached>, Vec<String>), QmpError> {
         let nodes = self.nodes().await?;
         let mut out = Vec::new();
         for (name, ty) in self.peripherals().await? {
@@ -419,7 +430,15 @@ impl Machine {
             });
         }
         out.sort_by(|a, b| a.volume.cmp(&b.volume));
-        Ok(out)
+        let mut ours: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| n.get("node-name").and_then(Value::as_str))
+            .filter(|n| n.starts_with("n-"))
+            .map(str::to_owned)
+            .collect();
+        ours.sort();
+        ours.dedup();
+        Ok((out, ours))
     }
 
     /// Removes what an attach or detach interrupted half-way leaves in QEMU (a caller killed
