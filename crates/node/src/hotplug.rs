@@ -18,15 +18,14 @@
 //! its reason is `HotplugFailed` with a `HotplugFailed` Event, and retries continue at the cap.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use kube::ResourceExt;
 
 use api::kubevirt::{Disk, DiskKind, HotplugVolumeStatus, Volume, VolumeStatus};
-use api::{DataVolume, VirtualMachineInstance};
+use api::VirtualMachineInstance;
 use client::events::{self, EventType};
 use qemu::ops::{Attach, DeviceKind, Machine, Source};
 
@@ -68,117 +67,6 @@ struct Waiting {
     since: Instant,
     attempts: u32,
     reported_failed: bool,
-}
-
-/// The loop device whose backing file is `backing`, from sysfs (the same lookup the
-/// provisioner uses to find its devices again).
-fn loop_device_of(backing: &Path) -> Option<PathBuf> {
-    let backing = backing.canonicalize().ok()?;
-    std::fs::read_dir("/sys/block").ok()?.flatten().find_map(|e| {
-        let name = e.file_name().to_string_lossy().into_owned();
-        name.strip_prefix("loop")?.parse::<u32>().ok()?;
-        let b = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
-        (Path::new(b.trim_end_matches('\n')) == backing).then(|| PathBuf::from(format!("/dev/{name}")))
-    })
-}
-
-/// The claim `claim` in `ns`, if it is ready to be used: bound and, for a DataVolume, imported.
-async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PersistentVolumeClaim, SourceError> {
-    source::check_name("claim name", claim)?;
-    let api_err = |e: kube::Error| SourceError::NotReady(format!("cannot read claim {claim}: {e}"));
-    if data_volume {
-        let dvs: Api<DataVolume> = Api::namespaced(shared.client.clone(), ns);
-        let dv = dvs
-            .get_opt(claim)
-            .await
-            .map_err(api_err)?
-            .ok_or_else(|| SourceError::NotReady(format!("DataVolume {claim} does not exist")))?;
-        let st = dv.status.unwrap_or_default();
-        if st.phase.as_deref() != Some("Succeeded") {
-            return Err(SourceError::NotReady(format!(
-                "DataVolume {claim} is {} ({})",
-                st.phase.as_deref().unwrap_or("Pending"),
-                st.progress.as_deref().unwrap_or("N/A")
-            )));
-        }
-    }
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(shared.client.clone(), ns);
-    let pvc = pvcs.get_opt(claim).await.map_err(api_err)?.ok_or_else(|| SourceError::NotReady(format!("claim {claim} does not exist")))?;
-    if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
-        return Err(SourceError::NotReady(format!("claim {claim} is not bound yet")));
-    }
-    Ok(pvc)
-}
-
-fn claim_dir(shared: &Shared, pvc: &PersistentVolumeClaim) -> Result<PathBuf, SourceError> {
-    let uid = pvc.uid().ok_or_else(|| SourceError::NotReady("claim has no UID".into()))?;
-    source::check_uid("claim UID", &uid)?;
-    Ok(shared.config.storage_root.join(uid))
-}
-
-fn is_block(pvc: &PersistentVolumeClaim) -> bool {
-    pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
-}
-
-/// The host path of a claim (for volumes present from boot, which QEMU opens by path).
-///
-/// # Errors
-/// When the claim is not ready or its data is not there.
-pub async fn claim_path(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PathBuf, SourceError> {
-    let pvc = ready_claim(shared, ns, claim, data_volume).await?;
-    let dir = claim_dir(shared, &pvc)?;
-    if is_block(&pvc) {
-        loop_device_of(&dir.join("block.img")).ok_or_else(|| SourceError::NotReady(format!("claim {claim} has no loop device yet")))
-    } else {
-        Ok(dir.join("disk.img"))
-    }
-}
-
-/// Opens the source of a hot-plug volume: from the local provisioner's storage root, or — in
-/// cluster mode, when the volume's status names its attachment pod (`attachPodUID`, published
-/// by KubeVirt's virt-controller) — inside that pod: a Filesystem claim's `disk.img` at
-/// `/<volume>/disk.img`, a Block claim's device at `/path/<volume>/<claim uid>` (where
-/// KubeVirt's attachment pod has them).
-async fn open(
-    shared: &Shared,
-    ns: &str,
-    volume: &Volume,
-    readonly: bool,
-    attach_pod: Option<String>,
-) -> Result<source::Opened, SourceError> {
-    source::check_name("volume name", &volume.name)?;
-    let (claim, dv) = match (&volume.persistent_volume_claim, &volume.data_volume) {
-        (Some(p), _) => (p.claim_name.clone(), false),
-        (None, Some(d)) => (d.name.clone(), true),
-        _ => return Err(SourceError::Refused(format!("volume {} has no claim or DataVolume", volume.name))),
-    };
-    let pvc = ready_claim(shared, ns, &claim, dv).await?;
-    if let Some(pod) = attach_pod {
-        let pods_dir = shared.config.kubelet_pods_dir.clone();
-        let block = is_block(&pvc);
-        let path = if block {
-            PathBuf::from("/path").join(&volume.name).join(pvc.uid().unwrap_or_default())
-        } else {
-            PathBuf::from("/").join(&volume.name).join("disk.img")
-        };
-        return tokio::task::spawn_blocking(move || {
-            let pid = source::attachment_pod_pid(&pods_dir, &pod)?;
-            source::open_in_pod(pid, &path, readonly, block)
-        })
-        .await
-        .map_err(|e| SourceError::NotReady(e.to_string()))?;
-    }
-    let dir = claim_dir(shared, &pvc)?;
-    tokio::task::spawn_blocking(move || {
-        if is_block(&pvc) {
-            let backing = dir.join("block.img");
-            source::open_block(loop_device_of(&backing), &backing, readonly)
-        } else {
-            source::open_image(&dir, readonly)
-        }
-    })
-    .await
-    .map_err(|e| SourceError::NotReady(e.to_string()))?
 }
 
 /// QEMU's refusal, as the volume's waiting reason.
@@ -337,7 +225,7 @@ pub async fn reconcile(
         let started = volumes.waiting.get(&v.name).map_or_else(Instant::now, |w| w.since);
         let t = Instant::now();
         let attach_pod = entry(vmi, &v.name).and_then(|e| e.hotplug_volume.as_ref()).and_then(|h| h.attach_pod_uid.clone());
-        match open(shared, &ns, v, d.readonly(), attach_pod).await {
+        match crate::claims::open(shared, &ns, v, d.readonly(), attach_pod).await {
             Ok(o) => {
                 crate::metrics::observe("open", t.elapsed().as_secs_f64());
                 reached.insert(v.name.clone(), "AttachedToNode");

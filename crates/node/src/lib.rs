@@ -9,6 +9,7 @@
 //! - [`agent`]: node registration, the VMI watch, one worker per VMI, adoption after a restart;
 //! - [`worker`]: one VMI's QEMU (launch, adopt, stop) and its phase;
 //! - [`hotplug`]: the volumes of a running VMI against what QEMU reports, and `volumeStatus`;
+//! - [`claims`]: a hot-plug volume's claim, checked ready, and its source opened;
 //! - [`source`]: a volume's source on this node, opened safely;
 //! - [`bindmount`]: bind-mount mode (targets in QEMU's mount namespace, device cgroup rules);
 //!   [`devprog`]: its cgroup v2 eBPF device program;
@@ -18,6 +19,7 @@ pub mod agent;
 pub mod backoff;
 pub mod bindmount;
 pub mod checkpoint;
+pub mod claims;
 pub mod devprog;
 pub mod hotplug;
 pub mod metrics;

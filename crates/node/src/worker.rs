@@ -150,7 +150,7 @@ async fn boot_sources(shared: &Shared, vmi: &VirtualMachineInstance, run_dir: &P
         let claim =
             v.persistent_volume_claim.as_ref().map(|p| p.claim_name.clone()).or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()));
         if let Some(claim) = claim {
-            let path = crate::hotplug::claim_path(shared, &ns, &claim, v.data_volume.is_some()).await.map_err(|e| e.to_string())?;
+            let path = crate::claims::claim_path(shared, &ns, &claim, v.data_volume.is_some()).await.map_err(|e| e.to_string())?;
             out.insert(v.name.clone(), path);
         }
     }

@@ -1,0 +1,127 @@
+//! A hot-plug volume's source on this node, from its claim: the claim must be ready (bound and,
+//! for a DataVolume, imported); then the local provisioner's file or loop device is opened, or —
+//! in cluster mode — the volume inside its attachment pod. Names from the API are checked before
+//! they touch a path ([`source::check_name`], [`source::check_uid`]).
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::Api;
+use kube::ResourceExt;
+
+use api::kubevirt::Volume;
+use api::DataVolume;
+
+use crate::agent::Shared;
+use crate::source::{self, SourceError};
+
+/// The loop device whose backing file is `backing`, from sysfs (the same lookup the
+/// provisioner uses to find its devices again).
+fn loop_device_of(backing: &Path) -> Option<PathBuf> {
+    let backing = backing.canonicalize().ok()?;
+    std::fs::read_dir("/sys/block").ok()?.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.strip_prefix("loop")?.parse::<u32>().ok()?;
+        let b = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+        (Path::new(b.trim_end_matches('\n')) == backing).then(|| PathBuf::from(format!("/dev/{name}")))
+    })
+}
+
+/// The claim `claim` in `ns`, if it is ready to be used: bound and, for a DataVolume, imported.
+async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PersistentVolumeClaim, SourceError> {
+    source::check_name("claim name", claim)?;
+    let api_err = |e: kube::Error| SourceError::NotReady(format!("cannot read claim {claim}: {e}"));
+    if data_volume {
+        let dvs: Api<DataVolume> = Api::namespaced(shared.client.clone(), ns);
+        let dv = dvs
+            .get_opt(claim)
+            .await
+            .map_err(api_err)?
+            .ok_or_else(|| SourceError::NotReady(format!("DataVolume {claim} does not exist")))?;
+        let st = dv.status.unwrap_or_default();
+        if st.phase.as_deref() != Some("Succeeded") {
+            return Err(SourceError::NotReady(format!(
+                "DataVolume {claim} is {} ({})",
+                st.phase.as_deref().unwrap_or("Pending"),
+                st.progress.as_deref().unwrap_or("N/A")
+            )));
+        }
+    }
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(shared.client.clone(), ns);
+    let pvc = pvcs.get_opt(claim).await.map_err(api_err)?.ok_or_else(|| SourceError::NotReady(format!("claim {claim} does not exist")))?;
+    if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        return Err(SourceError::NotReady(format!("claim {claim} is not bound yet")));
+    }
+    Ok(pvc)
+}
+
+fn claim_dir(shared: &Shared, pvc: &PersistentVolumeClaim) -> Result<PathBuf, SourceError> {
+    let uid = pvc.uid().ok_or_else(|| SourceError::NotReady("claim has no UID".into()))?;
+    source::check_uid("claim UID", &uid)?;
+    Ok(shared.config.storage_root.join(uid))
+}
+
+fn is_block(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
+}
+
+/// The host path of a claim (for volumes present from boot, which QEMU opens by path).
+///
+/// # Errors
+/// When the claim is not ready or its data is not there.
+pub async fn claim_path(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PathBuf, SourceError> {
+    let pvc = ready_claim(shared, ns, claim, data_volume).await?;
+    let dir = claim_dir(shared, &pvc)?;
+    if is_block(&pvc) {
+        loop_device_of(&dir.join("block.img")).ok_or_else(|| SourceError::NotReady(format!("claim {claim} has no loop device yet")))
+    } else {
+        Ok(dir.join("disk.img"))
+    }
+}
+
+/// Opens the source of a hot-plug volume: from the local provisioner's storage root, or — in
+/// cluster mode, when the volume's status names its attachment pod (`attachPodUID`, published
+/// by KubeVirt's virt-controller) — inside that pod: a Filesystem claim's `disk.img` at
+/// `/<volume>/disk.img`, a Block claim's device at `/path/<volume>/<claim uid>` (where
+/// KubeVirt's attachment pod has them).
+pub(crate) async fn open(
+    shared: &Shared,
+    ns: &str,
+    volume: &Volume,
+    readonly: bool,
+    attach_pod: Option<String>,
+) -> Result<source::Opened, SourceError> {
+    source::check_name("volume name", &volume.name)?;
+    let (claim, dv) = match (&volume.persistent_volume_claim, &volume.data_volume) {
+        (Some(p), _) => (p.claim_name.clone(), false),
+        (None, Some(d)) => (d.name.clone(), true),
+        _ => return Err(SourceError::Refused(format!("volume {} has no claim or DataVolume", volume.name))),
+    };
+    let pvc = ready_claim(shared, ns, &claim, dv).await?;
+    if let Some(pod) = attach_pod {
+        let pods_dir = shared.config.kubelet_pods_dir.clone();
+        let block = is_block(&pvc);
+        let path = if block {
+            PathBuf::from("/path").join(&volume.name).join(pvc.uid().unwrap_or_default())
+        } else {
+            PathBuf::from("/").join(&volume.name).join("disk.img")
+        };
+        return tokio::task::spawn_blocking(move || {
+            let pid = source::attachment_pod_pid(&pods_dir, &pod)?;
+            source::open_in_pod(pid, &path, readonly, block)
+        })
+        .await
+        .map_err(|e| SourceError::NotReady(e.to_string()))?;
+    }
+    let dir = claim_dir(shared, &pvc)?;
+    tokio::task::spawn_blocking(move || {
+        if is_block(&pvc) {
+            let backing = dir.join("block.img");
+            source::open_block(loop_device_of(&backing), &backing, readonly)
+        } else {
+            source::open_image(&dir, readonly)
+        }
+    })
+    .await
+    .map_err(|e| SourceError::NotReady(e.to_string()))?
+}

@@ -1,0 +1,223 @@
+//! `virtplug vm`: create (from flags or a manifest), list, get, start, stop, restart, delete,
+//! console.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+use api::{VirtualMachine, VirtualMachineInstance};
+
+use super::{api_err, connect, print_objects, print_one, report, subresource, Common};
+
+#[derive(Subcommand)]
+pub enum Vm {
+    /// Create a VM from flags or from a manifest (`-f`).
+    Create(VmCreate),
+    /// List VMs.
+    List,
+    /// Show a VM.
+    Get { name: String },
+    /// Start a VM (the `start` subresource).
+    Start { name: String },
+    /// Stop a VM (the `stop` subresource).
+    Stop {
+        name: String,
+        /// Seconds the guest gets to power off before it is stopped by force.
+        #[arg(long)]
+        grace_period: Option<u32>,
+    },
+    /// Restart a VM (the `restart` subresource).
+    Restart { name: String },
+    /// Delete a VM (its VMI and DataVolume templates go with it).
+    Delete { name: String },
+    /// Attach to the serial console of a VM running on this machine (Ctrl-D or EOF to leave).
+    Console {
+        name: String,
+        /// The node's data dir [default: the `up` default].
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+pub struct VmCreate {
+    /// VM name (or take it from the manifest).
+    name: Option<String>,
+    /// A VirtualMachine manifest (YAML or JSON).
+    #[arg(long, short = 'f')]
+    file: Option<PathBuf>,
+    #[arg(long, default_value = "256Mi")]
+    memory: String,
+    #[arg(long, default_value_t = 1)]
+    cpus: u32,
+    /// Kernel to boot directly (host path).
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// Initrd for `--kernel`.
+    #[arg(long)]
+    initrd: Option<PathBuf>,
+    #[arg(long, default_value = "console=ttyS0")]
+    kernel_args: String,
+    /// A claim to boot from (attached as a virtio disk with boot order 1).
+    #[arg(long)]
+    boot_claim: Option<String>,
+    /// Add an empty SATA CD-ROM drive of this name (for virtual media).
+    #[arg(long)]
+    cdrom: Option<String>,
+    #[arg(long, default_value = "Always", value_parser = ["Always", "Halted", "Manual", "RerunOnFailure", "Once"])]
+    run_strategy: String,
+}
+
+const VM_HEADER: &[&str] = &["NAME", "STATUS", "READY", "NODE", "VOLUMES"];
+
+fn vm_rows(vms: &[(VirtualMachine, Option<VirtualMachineInstance>)]) -> Vec<Vec<String>> {
+    vms.iter()
+        .map(|(vm, vmi)| {
+            let st = vm.status.clone().unwrap_or_default();
+            let node = vmi.as_ref().and_then(|v| v.status.as_ref()).and_then(|s| s.node_name.clone()).unwrap_or_default();
+            let vols = vm
+                .spec
+                .template
+                .spec
+                .as_ref()
+                .map(|s| s.volumes.iter().map(|v| v.name.clone()).collect::<Vec<_>>().join(","))
+                .unwrap_or_default();
+            vec![vm.name_any(), st.printable_status.unwrap_or_default(), st.ready.unwrap_or(false).to_string(), node, vols]
+        })
+        .collect()
+}
+
+#[derive(serde::Serialize)]
+struct VmView {
+    vm: VirtualMachine,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vmi: Option<VirtualMachineInstance>,
+}
+
+pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
+    let client = connect(&c).await?;
+    let ns = &c.namespace;
+    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), ns);
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), ns);
+    match &cmd {
+        Vm::Create(a) => {
+            let vm = build_vm(a, ns)?;
+            let created = vms.create(&PostParams::default(), &vm).await.map_err(api_err("create the VM"))?;
+            if c.output == "table" {
+                println!("virtualmachine/{} created", created.name_any());
+            } else {
+                print_one(&c.output, &created, |_| Vec::new(), &[])?;
+            }
+        }
+        Vm::List => {
+            let list = vms.list(&ListParams::default()).await.map_err(api_err("list VMs"))?.items;
+            let mut rows = Vec::new();
+            for vm in list {
+                let vmi = vmis.get_opt(&vm.name_any()).await.ok().flatten();
+                rows.push((vm, vmi));
+            }
+            match c.output.as_str() {
+                "table" => print_objects("table", &rows, vm_rows, VM_HEADER)?,
+                o => print_objects(o, &rows.into_iter().map(|(vm, vmi)| VmView { vm, vmi }).collect::<Vec<_>>(), |_| Vec::new(), &[])?,
+            }
+        }
+        Vm::Get { name } => {
+            let vm = vms.get(name).await.map_err(api_err(&format!("get VM {name}")))?;
+            let vmi = vmis.get_opt(name).await.ok().flatten();
+            match c.output.as_str() {
+                "table" => print_objects("table", &[(vm, vmi)], vm_rows, VM_HEADER)?,
+                o => print_one(o, &VmView { vm, vmi }, |_| Vec::new(), &[])?,
+            }
+        }
+        Vm::Start { name } | Vm::Stop { name, .. } | Vm::Restart { name } => {
+            let (action, body) = match &cmd {
+                Vm::Stop { grace_period: Some(g), .. } => ("stop", json!({"gracePeriod": g})),
+                Vm::Stop { .. } => ("stop", json!({})),
+                Vm::Start { .. } => ("start", json!({})),
+                _ => ("restart", json!({})),
+            };
+            subresource(&client, ns, name, action, &body).await?;
+            let doc = if c.output == "table" {
+                Value::Null
+            } else {
+                // The VM as the action left it (its runStrategy or stateChangeRequests).
+                let vm = vms.get(name).await.map_err(api_err(&format!("get VM {name}")))?;
+                let vmi = vmis.get_opt(name).await.ok().flatten();
+                serde_json::to_value(VmView { vm, vmi })?
+            };
+            report(&c.output, &format!("VM {name} was scheduled to {action}"), &doc)?;
+        }
+        Vm::Delete { name } => {
+            let r = vms.delete(name, &DeleteParams::default()).await.map_err(api_err(&format!("delete VM {name}")))?;
+            report(&c.output, &format!("virtualmachine/{name} deleted"), &r.either(serde_json::to_value, serde_json::to_value)?)?;
+        }
+        Vm::Console { name, data_dir } => {
+            let vmi = vmis.get(name).await.map_err(api_err(&format!("get VMI {name} (is the VM running?)")))?;
+            let uid = vmi.uid().unwrap_or_default();
+            let dir = data_dir.clone().unwrap_or_else(crate::default_data_dir).join("node/vmis").join(&uid);
+            console(&dir.join("serial.sock")).await?;
+        }
+    }
+    Ok(())
+}
+
+fn build_vm(a: &VmCreate, ns: &str) -> anyhow::Result<VirtualMachine> {
+    if let Some(f) = &a.file {
+        let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+        let mut v: Value = serde_yaml::from_str(&text).with_context(|| format!("{} is not a YAML or JSON manifest", f.display()))?;
+        if let Some(n) = &a.name {
+            v["metadata"]["name"] = json!(n);
+        }
+        v["metadata"]["namespace"] = json!(ns);
+        return serde_json::from_value(v).with_context(|| format!("{} is not a VirtualMachine", f.display()));
+    }
+    let Some(name) = &a.name else { bail!("give the VM a name: virtplug vm create NAME [flags], or -f MANIFEST") };
+    let mut disks = Vec::new();
+    let mut volumes = Vec::new();
+    if let Some(c) = &a.boot_claim {
+        disks.push(json!({"name": "boot", "bootOrder": 1, "disk": {"bus": "virtio"}}));
+        volumes.push(json!({"name": "boot", "persistentVolumeClaim": {"claimName": c}}));
+    }
+    if let Some(cd) = &a.cdrom {
+        disks.push(json!({"name": cd, "cdrom": {"bus": "sata"}}));
+    }
+    let mut domain = json!({"resources": {"requests": {"memory": a.memory}}, "cpu": {"cores": a.cpus}, "devices": {"disks": disks}});
+    match (&a.kernel, &a.boot_claim) {
+        (Some(k), _) => {
+            let k = k.canonicalize().with_context(|| format!("--kernel {}: no such file", k.display()))?;
+            let mut container = json!({"kernelPath": k});
+            if let Some(i) = &a.initrd {
+                container["initrdPath"] = json!(i.canonicalize().with_context(|| format!("--initrd {}: no such file", i.display()))?);
+            }
+            domain["firmware"] = json!({"kernelBoot": {"kernelArgs": a.kernel_args, "container": container}});
+        }
+        (None, None) => bail!("a VM needs something to boot: --kernel (and --initrd), --boot-claim, or -f MANIFEST"),
+        (None, Some(_)) => {}
+    }
+    let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name, "namespace": ns},
+        "spec": {"runStrategy": a.run_strategy, "template": {"metadata": {"labels": {"kubevirt.io/vm": name}}, "spec": {"domain": domain, "volumes": volumes}}}});
+    Ok(serde_json::from_value(vm)?)
+}
+
+async fn console(socket: &std::path::Path) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("cannot connect to {} (the console works on the machine that runs the VM)", socket.display()))?;
+    eprintln!("connected to {} (Ctrl-D leaves)", socket.display());
+    let (mut rd, mut wr) = stream.into_split();
+    let out = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        let _ = tokio::io::copy(&mut rd, &mut stdout).await;
+        let _ = stdout.flush().await;
+    });
+    let mut stdin = tokio::io::stdin();
+    let _ = tokio::io::copy(&mut stdin, &mut wr).await;
+    let _ = wr.shutdown().await;
+    out.abort();
+    Ok(())
+}
