@@ -28,6 +28,9 @@ use serde_json::{json, Value};
 
 use api::VirtualMachineInstance;
 
+mod cputime;
+use cputime::cpu_seconds;
+
 #[derive(Parser)]
 struct Args {
     /// The virtplug binary.
@@ -340,15 +343,6 @@ async fn api_converged(client: &kube::Client, names: &[String], k: usize, plug: 
         }
     }
     bail!("the VMI watch ended")
-}
-
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, r)| r).context("stat")?;
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // fields 14 and 15 (utime, stime) are 12 and 13 after the ")" split
-    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
-    Ok(ticks / 100.0)
 }
 
 /// CPU time of this process's waited-for children (cutime + cstime), in seconds.

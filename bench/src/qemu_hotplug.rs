@@ -19,6 +19,9 @@ use qemu::console::Console;
 use qemu::ops::{Attach, DeviceKind, Machine, Source};
 use qemu::qmp::Qmp;
 
+mod cputime;
+use cputime::cpu_seconds;
+
 #[derive(Parser)]
 struct Args {
     /// The test guest (scripts/build-test-guest.sh).
@@ -175,15 +178,6 @@ async fn main() -> anyhow::Result<()> {
         println!("\nidle guest: QEMU used {pct:.1} % of one host core over {} s (utime + stime)", args.idle_seconds);
     }
     Ok(())
-}
-
-/// utime + stime of `pid`, in seconds (USER_HZ = 100).
-fn cpu_seconds(pid: i32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, r)| r).context("no ')' in /proc/PID/stat")?;
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // utime and stime are fields 14 and 15, i.e. 12 and 13 after the ")".
-    Ok((f[11].parse::<f64>()? + f[12].parse::<f64>()?) / 100.0)
 }
 
 /// P2's floor: the same fleet and volumes as P2, plugged and unplugged straight over QMP (one
