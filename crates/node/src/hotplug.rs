@@ -483,8 +483,8 @@ pub async fn reconcile(
     // nothing above sees them, and they hold their images open. A node still bound to a backend
     // QEMU is finalising refuses deletion: retry soon.
     for node in leftover_nodes(&our_nodes, &wanted_nodes, &attached, &drives, &unplugged_nodes) {
-        match machine.qmp.execute("blockdev-del", serde_json::json!({"node-name": node})).await {
-            Ok(_) => tracing::info!("VMI {object}: removed block node {node}, left by an interrupted unplug"),
+        match machine.remove_node(node).await {
+            Ok(()) => tracing::info!("VMI {object}: removed block node {node}, left by an interrupted unplug"),
             Err(e) => {
                 tracing::info!("VMI {object}: block node {node} without its device is not free yet ({e}); retrying");
                 retry = Some(retry.map_or(shared.config.backoff.base, |r| r.min(shared.config.backoff.base)));

@@ -473,7 +473,7 @@ impl Machine {
         }
         let mut removed = Vec::new();
         for node in nodes {
-            if self.qmp.execute("blockdev-del", json!({"node-name": node})).await.is_ok() {
+            if self.remove_node(&node).await.is_ok() {
                 removed.push(node);
             }
         }
@@ -491,6 +491,16 @@ impl Machine {
             }
         }
         Ok((removed, sets))
+    }
+
+    /// Deletes block node `node` (`blockdev-del`): a node [`Machine::inventory`] lists that no
+    /// device uses any more. QEMU refuses while a backend still holds it (the ~50 ms between
+    /// `device_del` and `DEVICE_DELETED`).
+    ///
+    /// # Errors
+    /// The QMP error.
+    pub async fn remove_node(&self, node: &str) -> Result<(), QmpError> {
+        self.qmp.execute("blockdev-del", json!({"node-name": node})).await.map(|_| ())
     }
 
     /// Sets the boot index of device `id` for the next boot.
