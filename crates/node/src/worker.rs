@@ -58,28 +58,30 @@ fn phase(vmi: &VirtualMachineInstance) -> &str {
     vmi.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
 }
 
+/// Sets the VMI's phase, reason and `Ready` condition (KubeVirt's: `True` only when `Running`).
+fn apply_phase(v: &mut VirtualMachineInstance, phase: &str, reason: Option<&str>, message: &str) {
+    let s = v.status.get_or_insert_with(VirtualMachineInstanceStatus::default);
+    s.phase = Some(phase.to_owned());
+    s.reason = reason.map(str::to_owned);
+    let ready = phase == "Running";
+    let c = Condition {
+        type_: "Ready".into(),
+        status: if ready { "True" } else { "False" }.into(),
+        reason: if ready { None } else { Some(reason.unwrap_or(phase).to_owned()) },
+        message: Some(message.to_owned()),
+        last_transition_time: Some(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+        ..Condition::default()
+    };
+    match s.conditions.iter_mut().find(|x| x.type_ == "Ready") {
+        Some(x) if x.status == c.status => x.message = c.message.clone(),
+        Some(x) => *x = c,
+        None => s.conditions.push(c),
+    }
+}
+
 async fn set_phase(shared: &Shared, vmi: &VirtualMachineInstance, phase: &str, reason: Option<&str>, message: &str) {
     let api: Api<VirtualMachineInstance> = Api::namespaced(shared.client.clone(), &vmi.namespace().unwrap_or_default());
-    let r = client::update_status(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
-        let s = v.status.get_or_insert_with(VirtualMachineInstanceStatus::default);
-        s.phase = Some(phase.to_owned());
-        s.reason = reason.map(str::to_owned);
-        let ready = phase == "Running";
-        let c = Condition {
-            type_: "Ready".into(),
-            status: if ready { "True" } else { "False" }.into(),
-            reason: if ready { None } else { Some(reason.unwrap_or(phase).to_owned()) },
-            message: Some(message.to_owned()),
-            last_transition_time: Some(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
-            ..Condition::default()
-        };
-        match s.conditions.iter_mut().find(|x| x.type_ == "Ready") {
-            Some(x) if x.status == c.status => x.message = c.message.clone(),
-            Some(x) => *x = c,
-            None => s.conditions.push(c),
-        }
-    })
-    .await;
+    let r = client::update_status(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| apply_phase(v, phase, reason, message)).await;
     if let Err(e) = r {
         tracing::warn!("VMI {}/{}: cannot set phase {phase}: {e}", vmi.namespace().unwrap_or_default(), vmi.name_any());
     }
@@ -214,22 +216,10 @@ pub async fn stop_for_shutdown(client: &kube::Client, run_dir: &Path, record: &c
     stop_orphan(run_dir).await;
     let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &record.namespace);
     let r = client::update_status(&api, &record.name, |v: &mut VirtualMachineInstance| {
-        if v.metadata.uid.as_deref() != Some(record.uid.as_str()) {
-            return; // a newer VMI of the same name: not the one stopped
+        // A newer VMI of the same name is not the one stopped.
+        if v.metadata.uid.as_deref() == Some(record.uid.as_str()) {
+            apply_phase(v, "Failed", Some("NodeShutdown"), "stopped with `virtplug up --stop-vms-on-exit`");
         }
-        let s = v.status.get_or_insert_with(VirtualMachineInstanceStatus::default);
-        s.phase = Some("Failed".into());
-        s.reason = Some("NodeShutdown".into());
-        let c = Condition {
-            type_: "Ready".into(),
-            status: "False".into(),
-            reason: Some("NodeShutdown".into()),
-            message: Some("stopped with `virtplug up --stop-vms-on-exit`".into()),
-            last_transition_time: Some(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
-            ..Condition::default()
-        };
-        s.conditions.retain(|x| x.type_ != "Ready");
-        s.conditions.push(c);
     })
     .await;
     match r {
