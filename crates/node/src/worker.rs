@@ -320,17 +320,14 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: watch::Receiver<Optio
                     Ok(l) => {
                         let object = format!("{}/{}", vmi.namespace().unwrap_or_default(), vmi.name_any());
                         tracing::info!("VMI {object}: adopted QEMU {}", l.process.pid);
-                        // An agent killed between two QMP commands of an attach or detach left fd
-                        // sets or unused nodes that hold images open and that `attached` does not
-                        // show: they go before the first pass, which re-attaches what is wanted.
-                        match l.machine.sweep().await {
-                            Ok((nodes, sets)) if !nodes.is_empty() || !sets.is_empty() => {
-                                tracing::info!(
-                                    "VMI {object}: removed an interrupted hot-plug's leftovers: nodes {nodes:?}, fd sets {sets:?}"
-                                );
-                            }
+                        // An agent killed between `add-fd` and `remove-fd` left an fd set that
+                        // holds an image open and that nothing lists: it goes before the first pass
+                        // (which also removes nodes left without their device, and re-attaches
+                        // what is wanted).
+                        match l.machine.remove_stale_fdsets().await {
+                            Ok(sets) if !sets.is_empty() => tracing::info!("VMI {object}: removed stale fd sets {sets:?}"),
                             Ok(_) => {}
-                            Err(e) => tracing::warn!("VMI {object}: cannot look for an interrupted hot-plug's leftovers: {e}"),
+                            Err(e) => tracing::warn!("VMI {object}: cannot look for stale fd sets: {e}"),
                         }
                         live = Some(l);
                         force = true;

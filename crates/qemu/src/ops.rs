@@ -441,43 +441,21 @@ impl Machine {
         Ok((out, ours))
     }
 
-    /// Removes what an attach or detach interrupted half-way leaves in QEMU (a caller killed
-    /// between two of its QMP commands): fd sets this crate added (`virtplug:` opaque) that were
-    /// never removed, and block nodes with this crate's names (`n-…`) that no device or drive
-    /// uses. Both keep the volume's image open in QEMU — so its storage could never be unmounted —
-    /// and neither shows in [`Machine::attached`]. A removed fd set whose node lives on stays
-    /// open through QEMU's own dup until the node goes, as after a normal `remove-fd`.
+    /// Removes the fd sets this crate added (`virtplug:` opaque) that were never removed: what
+    /// an attach interrupted between `add-fd` and `remove-fd` leaves (a caller killed between two
+    /// QMP commands). Such a set keeps the volume's image open in QEMU — its storage could never
+    /// be unmounted — and nothing else lists it. A set whose node lives on stays open through
+    /// QEMU's own dup until the node goes, as after a normal `remove-fd`. (A node left without
+    /// its device is listed by [`Machine::inventory`]; the caller removes it.)
     ///
     /// Call it when taking over a running QEMU, before the first reconcile: within one owner of
     /// the connection no fd set outlives [`Machine::stage`], so every one found then is stale.
-    /// Returns what it removed (node names, then fd-set ids).
+    /// Returns the ids removed.
     ///
     /// # Errors
-    /// The QMP error of a query; a failed removal is skipped (the next sweep retries it).
-    pub async fn sweep(&self) -> Result<(Vec<String>, Vec<i64>), QmpError> {
-        let used: Vec<String> = self
-            .qmp
-            .execute("query-block", json!({}))
-            .await?
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|b| b.pointer("/inserted/node-name").and_then(Value::as_str).map(str::to_owned))
-            .collect();
-        let mut nodes = Vec::new();
-        for n in self.nodes().await? {
-            let Some(name) = n.get("node-name").and_then(Value::as_str) else { continue };
-            if name.starts_with("n-") && !used.iter().any(|u| u == name) && !nodes.iter().any(|x| x == name) {
-                nodes.push(name.to_owned());
-            }
-        }
+    /// The QMP error of `query-fdsets`; a failed removal is skipped (the next takeover retries).
+    pub async fn remove_stale_fdsets(&self) -> Result<Vec<i64>, QmpError> {
         let mut removed = Vec::new();
-        for node in nodes {
-            if self.remove_node(&node).await.is_ok() {
-                removed.push(node);
-            }
-        }
-        let mut sets = Vec::new();
         for set in self.qmp.execute("query-fdsets", json!({})).await?.as_array().into_iter().flatten() {
             let ours = set
                 .get("fds")
@@ -487,10 +465,10 @@ impl Machine {
                 .any(|fd| fd.get("opaque").and_then(Value::as_str).is_some_and(|o| o.starts_with("virtplug:")));
             let Some(id) = set.get("fdset-id").and_then(Value::as_i64).filter(|_| ours) else { continue };
             if self.qmp.execute("remove-fd", json!({"fdset-id": id})).await.is_ok() {
-                sets.push(id);
+                removed.push(id);
             }
         }
-        Ok((removed, sets))
+        Ok(removed)
     }
 
     /// Deletes block node `node` (`blockdev-del`): a node [`Machine::inventory`] lists that no

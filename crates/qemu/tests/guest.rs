@@ -371,10 +371,11 @@ async fn the_guest_iso_boots_from_the_sata_cdrom() {
 }
 
 /// An attach or detach whose caller died between two QMP commands (a node agent killed
-/// mid-way) leaves an fd set or an unused block node that holds the image open; `sweep` finds
-/// and removes exactly those, and leaves attached volumes and their images alone.
+/// mid-way) leaves an fd set or a block node without its device, each holding its image open:
+/// `remove_stale_fdsets` removes exactly the stale sets, `inventory` lists the device-less node
+/// and `remove_node` lets go of it; the attached volume and its image are left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sweep_removes_what_an_interrupted_attach_or_detach_left_holding_the_image() {
+async fn an_interrupted_attach_leaves_nothing_once_its_fd_sets_and_device_less_node_are_removed() {
     let vm = TestVm::boot().await;
     let dir = tempfile::tempdir().unwrap();
     let kept = image(dir.path(), "kept.img", b"VP-SWEEP-KEPT-01", 4 << 20);
@@ -399,12 +400,14 @@ async fn sweep_removes_what_an_interrupted_attach_or_detach_left_holding_the_ima
     .unwrap();
     assert!(vm.qemu_fds_on(&set_only) >= 1 && vm.qemu_fds_on(&node_only) >= 1, "the leftovers hold their images");
 
-    let (nodes, sets) = vm.machine.sweep().await.unwrap();
-    assert_eq!(nodes, [ops::node_name("node")]);
-    assert_eq!(sets.len(), 2, "both stale fd sets: {sets:?}");
-    assert_eq!((vm.qemu_fds_on(&set_only), vm.qemu_fds_on(&node_only)), (0, 0), "QEMU let go of both images");
+    assert_eq!(vm.machine.remove_stale_fdsets().await.unwrap().len(), 2, "both stale fd sets");
+    assert_eq!(vm.qemu_fds_on(&set_only), 0, "QEMU let go of the image of the set alone");
+    assert!(vm.qemu_fds_on(&node_only) >= 1, "the node keeps its own dup until it goes");
+    let (attached, nodes) = vm.machine.inventory().await.unwrap();
+    assert_eq!(attached.iter().map(|a| a.volume.as_str()).collect::<Vec<_>>(), ["kept"]);
+    assert_eq!(nodes, [ops::node_name("kept"), ops::node_name("node")], "the device-less node is listed");
+    vm.machine.remove_node(&ops::node_name("node")).await.unwrap();
+    assert_eq!(vm.qemu_fds_on(&node_only), 0, "QEMU let go of the node's image");
     assert_eq!(vm.qemu_fds_on(&kept), 1, "the attached volume keeps its image");
-    assert_eq!(vm.machine.attached().await.unwrap().iter().map(|a| a.volume.as_str()).collect::<Vec<_>>(), ["kept"]);
-    // Nothing left: a second sweep removes nothing.
-    assert_eq!(vm.machine.sweep().await.unwrap(), (vec![], vec![]));
+    assert!(vm.machine.remove_stale_fdsets().await.unwrap().is_empty(), "nothing stale is left");
 }

@@ -5,7 +5,6 @@
 /// What the observer needs of one kernel uevent.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Event<'a> {
-    pub action: &'a str,
     pub subsystem: Option<&'a str>,
     pub devtype: Option<&'a str>,
     pub devname: Option<&'a str>,
@@ -23,8 +22,9 @@ impl Event<'_> {
 pub fn parse(msg: &[u8]) -> Option<Event<'_>> {
     let mut parts = msg.split(|b| *b == 0).filter(|p| !p.is_empty()).map(std::str::from_utf8);
     let header = parts.next()?.ok()?;
-    let (action, _devpath) = header.split_once('@')?;
-    let mut event = Event { action, subsystem: None, devtype: None, devname: None };
+    // `ACTION@DEVPATH`: the action does not matter (every disk event means "rescan").
+    header.split_once('@')?;
+    let mut event = Event { subsystem: None, devtype: None, devname: None };
     for part in parts.flatten() {
         match part.split_once('=') {
             Some(("SUBSYSTEM", v)) => event.subsystem = Some(v),
@@ -46,7 +46,7 @@ mod tests {
 DEVPATH=/devices/pci0000:00/0000:00:03.0/virtio1/host0/target0:0:0/0:0:0:1/block/sda\0SUBSYSTEM=block\0MAJOR=8\0MINOR=0\0\
 DEVNAME=sda\0DEVTYPE=disk\0DISKSEQ=9\0SEQNUM=1234\0";
         let e = parse(msg).unwrap();
-        assert_eq!(e, Event { action: "add", subsystem: Some("block"), devtype: Some("disk"), devname: Some("sda") });
+        assert_eq!(e, Event { subsystem: Some("block"), devtype: Some("disk"), devname: Some("sda") });
         assert!(e.is_block_disk());
     }
 
