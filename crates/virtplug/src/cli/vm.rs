@@ -107,11 +107,7 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
         Vm::Create(a) => {
             let vm = build_vm(a, ns)?;
             let created = vms.create(&PostParams::default(), &vm).await.map_err(api_err("create the VM"))?;
-            if c.output == "table" {
-                println!("virtualmachine/{} created", created.name_any());
-            } else {
-                print_one(&c.output, &created, |_| Vec::new(), &[])?;
-            }
+            report(&c.output, &format!("virtualmachine/{} created", created.name_any()), &serde_json::to_value(&created)?)?;
         }
         Vm::List => {
             let list = vms.list(&ListParams::default()).await.map_err(api_err("list VMs"))?.items;
@@ -133,24 +129,11 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
                 o => print_one(o, &VmView { vm, vmi }, |_| Vec::new(), &[])?,
             }
         }
-        Vm::Start { name } | Vm::Stop { name, .. } | Vm::Restart { name } => {
-            let (action, body) = match &cmd {
-                Vm::Stop { grace_period: Some(g), .. } => ("stop", json!({"gracePeriod": g})),
-                Vm::Stop { .. } => ("stop", json!({})),
-                Vm::Start { .. } => ("start", json!({})),
-                _ => ("restart", json!({})),
-            };
-            subresource(&client, ns, name, action, &body).await?;
-            let doc = if c.output == "table" {
-                Value::Null
-            } else {
-                // The VM as the action left it (its runStrategy or stateChangeRequests).
-                let vm = vms.get(name).await.map_err(api_err(&format!("get VM {name}")))?;
-                let vmi = vmis.get_opt(name).await.ok().flatten();
-                serde_json::to_value(VmView { vm, vmi })?
-            };
-            report(&c.output, &format!("VM {name} was scheduled to {action}"), &doc)?;
+        Vm::Start { name } => act(&c, &client, &vms, &vmis, name, "start", json!({})).await?,
+        Vm::Stop { name, grace_period } => {
+            act(&c, &client, &vms, &vmis, name, "stop", grace_period.map_or_else(|| json!({}), |g| json!({"gracePeriod": g}))).await?;
         }
+        Vm::Restart { name } => act(&c, &client, &vms, &vmis, name, "restart", json!({})).await?,
         Vm::Delete { name } => {
             let r = vms.delete(name, &DeleteParams::default()).await.map_err(api_err(&format!("delete VM {name}")))?;
             report(&c.output, &format!("virtualmachine/{name} deleted"), &r.either(serde_json::to_value, serde_json::to_value)?)?;
@@ -163,6 +146,28 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `start`, `stop`, `restart`: the subresource, then (`-o json|yaml`) the VM as the action left
+/// it (its runStrategy or stateChangeRequests).
+async fn act(
+    c: &Common,
+    client: &kube::Client,
+    vms: &Api<VirtualMachine>,
+    vmis: &Api<VirtualMachineInstance>,
+    name: &str,
+    action: &str,
+    body: Value,
+) -> anyhow::Result<()> {
+    subresource(client, &c.namespace, name, action, &body).await?;
+    let doc = if c.output == "table" {
+        Value::Null
+    } else {
+        let vm = vms.get(name).await.map_err(api_err(&format!("get VM {name}")))?;
+        let vmi = vmis.get_opt(name).await.ok().flatten();
+        serde_json::to_value(VmView { vm, vmi })?
+    };
+    report(&c.output, &format!("VM {name} was scheduled to {action}"), &doc)
 }
 
 fn build_vm(a: &VmCreate, ns: &str) -> anyhow::Result<VirtualMachine> {
