@@ -46,6 +46,10 @@ struct Args {
     /// Fleet mode: the guests' memory (P2 uses 160 MiB).
     #[arg(long, default_value_t = 160)]
     fleet_memory_mib: u64,
+    /// Run QEMU under its seccomp sandbox, as the node agent does (`--sandbox false` measures
+    /// what the sandbox costs).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    sandbox: bool,
 }
 
 struct Vm {
@@ -91,6 +95,8 @@ async fn boot_with(args: &Args, dir: &std::path::Path, memory_mib: u64, cmdline:
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
         user_net: false,
         own_mount_namespace: false,
+        sandbox: args.sandbox,
+        run_as: None,
     };
     let start = Instant::now();
     let process = qemu::process::launch(&spec).await?;

@@ -261,6 +261,16 @@ pub struct DomainSpec {
     pub extra: Extra,
 }
 
+impl DomainSpec {
+    /// cores × sockets × threads (each at least 1), saturating: three `u32`s can overflow a
+    /// `u64`, and any count past [`crate::validation::MAX_VCPUS`] is refused anyway.
+    #[must_use]
+    pub fn vcpus(&self) -> u64 {
+        let Some(c) = &self.cpu else { return 1 };
+        [c.cores, c.sockets, c.threads].iter().fold(1u64, |n, v| n.saturating_mul(u64::from(v.unwrap_or(1).max(1))))
+    }
+}
+
 /// `spec.domain.resources` (KubeVirt's own `ResourceRequirements`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

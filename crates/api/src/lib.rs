@@ -4,6 +4,7 @@
 //! - [`cdi`]: cdi.kubevirt.io/v1beta1 `DataVolume`.
 //! - [`validation`]: admission checks with field paths.
 //! - [`invariants`]: the disk/volume rules every VM spec must hold.
+//! - [`quantity`]: quantities of bytes, the one parser for every size.
 //! - [`volume_edit`]: the addvolume/removevolume edits of a spec.
 //! - [`crd`]: CRD manifests generated from the types (cluster mode).
 //!
@@ -14,6 +15,7 @@ pub mod cdi;
 pub mod crd;
 pub mod invariants;
 pub mod kubevirt;
+pub mod quantity;
 pub mod validation;
 pub mod volume_edit;
 

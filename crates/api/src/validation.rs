@@ -238,6 +238,7 @@ pub fn validate_instance_spec(spec: &VirtualMachineInstanceSpec, prefix: &str) -
                 format!("disk {:?} sets more than one of disk, lun, cdrom; keep exactly one", disk.name),
             ));
         }
+        causes.extend(serial(disk.serial.as_deref(), &field));
         let kind = disk.kind();
         if let Some(bus) = disk.bus() {
             let known: &[&str] = match kind {
@@ -278,6 +279,7 @@ pub fn validate_instance_spec(spec: &VirtualMachineInstanceSpec, prefix: &str) -
             }
         }
     }
+    causes.extend(domain(spec, prefix));
     for (i, volume) in spec.volumes.iter().enumerate() {
         let field = format!("{prefix}.volumes[{i}]");
         causes.extend(dns1123_label(&volume.name, &format!("{field}.name")));
@@ -298,6 +300,92 @@ pub fn validate_instance_spec(spec: &VirtualMachineInstanceSpec, prefix: &str) -
         }
         if let Some(dv) = &volume.data_volume {
             causes.extend(dns1123_subdomain(&dv.name, &format!("{field}.dataVolume.name")));
+        }
+    }
+    causes
+}
+
+/// Longest disk serial (KubeVirt's `maxStrLen`).
+pub const SERIAL_MAX: usize = 256;
+
+/// Most vCPUs (cores × sockets × threads) of a guest: QEMU's q35 maximum.
+pub const MAX_VCPUS: u64 = 4096;
+
+/// A disk serial as KubeVirt admits it: `[A-Za-z0-9_.+-]`, at most 256 characters. It reaches
+/// QEMU and the guest's `/dev/disk/by-id`, so nothing else is let through.
+fn serial(serial: Option<&str>, disk_field: &str) -> Vec<Cause> {
+    let Some(s) = serial.filter(|s| !s.is_empty()) else { return Vec::new() };
+    let mut causes = Vec::new();
+    if !s.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'+' | b'-')) {
+        causes.push(Cause::new(
+            CauseType::Invalid,
+            format!("{disk_field}.serial"),
+            format!("{disk_field} must be made up of the following characters [A-Za-z0-9_.+-], if specified"),
+        ));
+    }
+    if s.chars().count() > SERIAL_MAX {
+        causes.push(Cause::new(
+            CauseType::Invalid,
+            format!("{disk_field}.serial"),
+            format!("{disk_field} must be less than or equal to {SERIAL_MAX} in length, if specified"),
+        ));
+    }
+    causes
+}
+
+/// A host path as KubeVirt admits it (`validatePath`): absolute, without `.`/`..` components or
+/// doubled slashes, not `/`. virtplug also refuses commas and NULs (QEMU's `-initrd` splits at
+/// commas; a NUL cannot be a path). Which directories it may be in is the node's decision.
+fn host_path(path: &str, field: &str) -> Vec<Cause> {
+    if path == "/" {
+        return vec![Cause::new(CauseType::Invalid, field, format!("{field} must not point to root"))];
+    }
+    let trimmed = path.strip_suffix('/').unwrap_or(path);
+    let clean = trimmed.starts_with('/') && trimmed[1..].split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+    let mut causes = Vec::new();
+    if !clean {
+        causes.push(Cause::new(
+            CauseType::Invalid,
+            field,
+            format!("{field} must be an absolute path to a file without relative components"),
+        ));
+    }
+    if path.contains([',', '\0']) {
+        causes.push(Cause::new(CauseType::Invalid, field, format!("{field} must not contain a comma or a NUL character; rename the file")));
+    }
+    causes
+}
+
+/// `spec.domain`: CPU topology, memory, kernel boot.
+fn domain(spec: &VirtualMachineInstanceSpec, prefix: &str) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let dom = &spec.domain;
+    let n = dom.vcpus();
+    if n > MAX_VCPUS {
+        causes.push(Cause::new(
+            CauseType::Invalid,
+            format!("{prefix}.domain.cpu"),
+            format!("cores × sockets × threads is {n}; a guest can have at most {MAX_VCPUS} vCPUs"),
+        ));
+    }
+    let guest = dom.memory.as_ref().and_then(|m| m.guest.as_ref()).map(|q| ("memory.guest", q));
+    let requested = dom.resources.as_ref().and_then(|r| r.requests.get("memory")).map(|q| ("resources.requests.memory", q));
+    for (name, q) in guest.into_iter().chain(requested) {
+        if let Err(m) = crate::quantity::bytes(&q.0) {
+            causes.push(Cause::new(CauseType::Invalid, format!("{prefix}.domain.{name}"), m));
+        }
+    }
+    if let Some(kb) = dom.firmware.as_ref().and_then(|f| f.kernel_boot.as_ref()) {
+        let field = format!("{prefix}.domain.firmware.kernelBoot");
+        if let Some(c) = &kb.container {
+            for (name, value) in [("kernelPath", &c.kernel_path), ("initrdPath", &c.initrd_path)] {
+                if let Some(p) = value {
+                    causes.extend(host_path(p, &format!("{field}.container.{name}")));
+                }
+            }
+        }
+        if kb.kernel_args.as_deref().is_some_and(|a| a.contains('\0')) {
+            causes.push(Cause::new(CauseType::Invalid, format!("{field}.kernelArgs"), "kernelArgs must not contain a NUL character"));
         }
     }
     causes
@@ -367,6 +455,59 @@ mod tests {
         assert_eq!(dns1123_label(&"a".repeat(64), "f")[0].kind, "FieldValueTooLong");
         assert!(dns1123_subdomain("a.b-c", "f").is_empty());
         assert!(!dns1123_subdomain("-a", "f").is_empty());
+    }
+
+    #[test]
+    fn serials_follow_kubevirts_characters_and_length() {
+        for (serial, ok) in [
+            ("d1", true),
+            ("A-z_0.9+", true),
+            (&*"a".repeat(256), true),
+            (&*"a".repeat(257), false),
+            ("a,drive=x", false),
+            ("a b", false),
+            ("ü", false),
+            ("a\nb", false),
+        ] {
+            let v =
+                vm(&json!([{"name":"d","serial":serial,"disk":{"bus":"virtio"}}]), &json!([{"name":"d","emptyDisk":{"capacity":"1Gi"}}]));
+            let c = validate_vm(&v);
+            assert_eq!(c.is_empty(), ok, "{serial:?}: {c:?}");
+            if !ok {
+                assert_eq!(c[0].field, "spec.template.spec.domain.devices.disks[0].serial");
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_paths_must_be_clean_absolute_paths_without_commas() {
+        for (path, ok) in [
+            ("/var/lib/k", true),
+            ("k", false),
+            ("/a/../etc/shadow", false),
+            ("/a/./k", false),
+            ("/", false),
+            ("/a//k", false),
+            ("/a/k,/etc/shadow", false),
+            ("/a/k\u{0}", false),
+        ] {
+            let mut v = vm(&json!([]), &json!([]));
+            v["spec"]["template"]["spec"]["domain"]["firmware"] = json!({"kernelBoot": {"container": {"kernelPath": path}}});
+            let c = validate_vm(&v);
+            assert_eq!(c.is_empty(), ok, "{path:?}: {c:?}");
+            if !ok {
+                assert_eq!(c[0].field, "spec.template.spec.domain.firmware.kernelBoot.container.kernelPath");
+            }
+        }
+    }
+
+    #[test]
+    fn cpu_topology_and_memory_that_overflow_are_refused() {
+        let mut v = vm(&json!([]), &json!([]));
+        v["spec"]["template"]["spec"]["domain"]["cpu"] = json!({"cores": 4_294_967_295u32, "sockets": 4_294_967_295u32, "threads": 2});
+        v["spec"]["template"]["spec"]["domain"]["memory"] = json!({"guest": "99Ei"});
+        let fields: Vec<String> = validate_vm(&v).into_iter().map(|c| c.field).collect();
+        assert_eq!(fields, ["spec.template.spec.domain.cpu", "spec.template.spec.domain.memory.guest"]);
     }
 
     #[test]

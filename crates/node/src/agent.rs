@@ -15,7 +15,7 @@
 //!
 //! # Guarantees
 //! Stopping the agent (or `kill -9`) never stops a VM: workers are dropped, QEMUs keep running
-//! (`-daemonize`, own session), and the next agent adopts them from their run dirs.
+//! (a session of their own, not our children once we are gone), and the next agent adopts them from their run dirs.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -60,6 +60,16 @@ pub struct Config {
     pub devices_cgroup: PathBuf,
     /// Cluster mode: the kubelet's pods dir, where an attachment pod's `hp.sock` is found.
     pub kubelet_pods_dir: PathBuf,
+    /// The directories `kernelBoot`'s `kernelPath`/`initrdPath` may name (default: the data dir
+    /// and the test-guest cache): QEMU runs as root and must never be handed any host file.
+    pub boot_files: qemu::bootfiles::AllowedDirs,
+    /// Run QEMU under its seccomp sandbox ([`qemu::cmdline::SANDBOX`]; default on).
+    pub qemu_sandbox: bool,
+    /// Drop QEMU to this user after start-up (fd mode only; default: it stays root).
+    pub qemu_user: Option<String>,
+    /// The most one VMI may take: emptyDisk size and guest memory ([`crate::caps`]; default 50 %
+    /// of the free space under `state_dir` and 75 % of the RAM).
+    pub caps: crate::caps::Caps,
 }
 
 impl Config {
@@ -75,6 +85,10 @@ impl Config {
             stop_grace: Duration::from_secs(30),
             vm_nice: 5,
             mode: crate::bindmount::AttachMode::Fd,
+            boot_files: qemu::bootfiles::AllowedDirs::defaults(data_dir),
+            qemu_sandbox: true,
+            qemu_user: None,
+            caps: crate::caps::Caps::default(),
             mount_helper: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("virtplug")),
             devices_cgroup: crate::bindmount::default_cgroup_root().unwrap_or_else(|| PathBuf::from(crate::bindmount::DEVICES_CGROUP)),
             kubelet_pods_dir: PathBuf::from("/var/lib/kubelet/pods"),

@@ -143,7 +143,7 @@ async fn boot_sources(shared: &Shared, vmi: &VirtualMachineInstance, run_dir: &P
             let path = run_dir.join(format!("empty-{}.img", v.name));
             crate::source::check_name("volume name", &v.name).map_err(|e| e.to_string())?;
             if !path.exists() {
-                let f = std::fs::File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                let f = crate::checkpoint::create_private_file(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
                 f.set_len(mib << 20).map_err(|e| format!("cannot size {}: {e}", path.display()))?;
             }
             out.insert(v.name.clone(), path);
@@ -160,7 +160,10 @@ async fn boot_sources(shared: &Shared, vmi: &VirtualMachineInstance, run_dir: &P
 }
 
 async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir: &Path) -> Result<Live, String> {
-    std::fs::create_dir_all(run_dir).map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+    crate::checkpoint::create_private_dir(run_dir).map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+    // Before anything is created for the VMI: a guest beyond what this host can hold never starts.
+    let host = crate::caps::Host::read(run_dir)?;
+    crate::caps::check(&vmi.spec, shared.config.caps, &host)?;
     let uid = vmi.uid().unwrap_or_default();
     let bind = shared.config.mode == crate::bindmount::AttachMode::BindMount;
     let record = crate::checkpoint::VmiRecord {
@@ -173,8 +176,11 @@ async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir
     let sources = boot_sources(shared, vmi, run_dir).await?;
     let name = format!("{}_{}", record.namespace, record.name);
     let mut spec =
-        qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, |v| sources.get(&v.name).cloned()).map_err(|e| e.to_string())?;
+        qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, &shared.config.boot_files, |v| sources.get(&v.name).cloned())
+            .map_err(|e| e.to_string())?;
     spec.own_mount_namespace = bind;
+    spec.sandbox = shared.config.qemu_sandbox;
+    spec.run_as.clone_from(&shared.config.qemu_user);
     let process = qemu::process::launch(&spec).await.map_err(|e| client::error_chain(&e))?;
     if let Some(cgroup) = &record.cgroup {
         let join = crate::bindmount::Request::JoinCgroup { cgroup: cgroup.clone(), pid: process.pid };

@@ -4,8 +4,8 @@
 //! and LUNs, nothing else on it; `sata` CD-ROM drives on the q35 AHCI (`ide.0`…`ide.5`), declared
 //! at start and empty when they have no medium; boot disks on virtio-blk (or AHCI for `sata`);
 //! `bootOrder` becomes `bootindex`; serial console on a unix socket with a log file; QMP on a
-//! unix socket; a pidfile; `-daemonize`, so QEMU runs in its own session and survives whoever
-//! launched it. No network unless user-mode networking is asked for.
+//! unix socket; a pidfile (QEMU runs in a session of its own, see [`crate::process::launch`]);
+//! its seccomp sandbox. No network unless user-mode networking is asked for.
 //!
 //! Kernel boot in the embedded deployment: `firmware.kernelBoot.container` with no `image` (or
 //! `image: local`) names host files in `kernelPath` and `initrdPath`; `kernelArgs` is the
@@ -17,6 +17,8 @@ use api::kubevirt::{DiskKind, VirtualMachineInstanceSpec, Volume};
 use serde_json::json;
 
 use crate::accel::Resolved;
+use crate::bootfiles::AllowedDirs;
+use crate::opts::Opts;
 
 /// The virtio-scsi controller reserved for hot-plug; its bus is `hotplug-scsi.0`.
 pub const HOTPLUG_CONTROLLER: &str = "hotplug-scsi";
@@ -80,6 +82,12 @@ pub struct LaunchSpec {
     /// of the launcher's: mounts made on the host reach it, mounts made inside it (the
     /// hot-plugged volumes' bind mounts) stay inside and vanish with it.
     pub own_mount_namespace: bool,
+    /// Run QEMU under its seccomp filter ([`SANDBOX`]).
+    pub sandbox: bool,
+    /// Drop QEMU to this user once it has opened its start-up files (`-run-with user=`). Only
+    /// for fd handoff: every later volume reaches it as an open fd; a path it would open later
+    /// (bind-mount mode) would be refused to that user.
+    pub run_as: Option<String>,
 }
 
 impl LaunchSpec {
@@ -101,114 +109,193 @@ impl LaunchSpec {
     }
 
     /// The arguments after the QEMU binary.
+    ///
+    /// Nothing from a spec can add an option: `-device` and `-blockdev` are JSON objects built
+    /// with `serde_json` (a string stays one string), the `QemuOpts` arguments (`-name`,
+    /// `-chardev`) escape their values ([`crate::opts`]), and `-kernel`, `-initrd`, `-append`,
+    /// `-pidfile` take their value whole.
     #[must_use]
     pub fn args(&self) -> Vec<String> {
         let p = |p: &Path| p.display().to_string();
         let mut a: Vec<String> = Vec::new();
         let mut push = |items: &[&str]| a.extend(items.iter().map(|s| (*s).to_owned()));
-        push(&["-name", &format!("guest={},debug-threads=on", self.name)]);
+        push(&["-name", &Opts::new().set("guest", &self.name).set("debug-threads", "on").build()]);
         match self.accel {
             Resolved::Kvm => push(&["-machine", "q35", "-accel", "kvm", "-cpu", "host"]),
             Resolved::Tcg => push(&["-machine", "q35", "-accel", "tcg", "-cpu", "max"]),
         }
         push(&["-m", &self.memory_mib.to_string(), "-smp", &self.vcpus.to_string()]);
-        push(&["-nodefaults", "-no-user-config", "-display", "none", "-daemonize", "-pidfile", &p(&self.pidfile())]);
-        push(&[
-            "-chardev",
-            &format!("socket,id=qmp0,path={},server=on,wait=off", p(&self.qmp_socket())),
-            "-mon",
-            "chardev=qmp0,mode=control",
-        ]);
-        push(&[
-            "-chardev",
-            &format!("socket,id=ser0,path={},server=on,wait=off,logfile={},logappend=on", p(&self.serial_socket()), p(&self.serial_log())),
-            "-serial",
-            "chardev:ser0",
-        ]);
-        push(&["-device", &format!("virtio-scsi-pci,id={HOTPLUG_CONTROLLER}")]);
+        push(&["-nodefaults", "-no-user-config", "-display", "none", "-pidfile", &p(&self.pidfile())]);
+        if self.sandbox {
+            // QEMU changes its uid itself, after its filter is in place: `elevateprivileges`
+            // must allow that. A process that is no longer root cannot gain privileges anyway
+            // (spawn=deny stops exec of a setuid binary), so the dropped user is the stronger
+            // setting.
+            push(&["-sandbox", if self.run_as.is_some() { SANDBOX_RUN_AS } else { SANDBOX }]);
+        }
+        if let Some(user) = &self.run_as {
+            push(&["-run-with", &Opts::new().set("user", user).build()]);
+        }
+        let qmp = Opts::implied("socket").set("id", "qmp0").set("path", &p(&self.qmp_socket())).set("server", "on").set("wait", "off");
+        push(&["-chardev", &qmp.build(), "-mon", "chardev=qmp0,mode=control"]);
+        let serial = Opts::implied("socket")
+            .set("id", "ser0")
+            .set("path", &p(&self.serial_socket()))
+            .set("server", "on")
+            .set("wait", "off")
+            .set("logfile", &p(&self.serial_log()))
+            .set("logappend", "on");
+        push(&["-chardev", &serial.build(), "-serial", "chardev:ser0"]);
+        push(&["-device", &json!({"driver": "virtio-scsi-pci", "id": HOTPLUG_CONTROLLER}).to_string()]);
         if let Some(k) = &self.kernel {
             push(&["-kernel", &p(&k.kernel), "-append", &k.cmdline]);
             if let Some(i) = &k.initrd {
                 push(&["-initrd", &p(i)]);
             }
         }
+        for arg in self.drive_args() {
+            a.push(arg);
+        }
+        a.extend(["-nic".to_owned(), if self.user_net { "user,model=virtio-net-pci" } else { "none" }.to_owned()]);
+        a
+    }
+
+    /// `-blockdev`/`-device` pairs of the CD-ROM drives and boot disks, as JSON.
+    fn drive_args(&self) -> Vec<String> {
+        let p = |p: &Path| p.display().to_string();
+        let mut a = Vec::new();
         let mut port = 0;
         for cd in &self.cdrom_drives {
-            let mut dev = format!("ide-cd,id={},bus=ide.{port}", cd.id);
+            let mut dev = json!({"driver": "ide-cd", "id": cd.id, "bus": format!("ide.{port}")});
             port += 1;
             if let Some(m) = &cd.medium {
                 let node = format!("{}-medium", cd.id);
                 let bd = json!({"driver": "raw", "node-name": node, "read-only": true, "file": {"driver": "file", "filename": p(m), "read-only": true}});
-                push(&["-blockdev", &bd.to_string()]);
-                dev.push_str(&format!(",drive={node}"));
+                a.extend(["-blockdev".to_owned(), bd.to_string()]);
+                dev["drive"] = json!(node);
             }
             if let Some(b) = cd.bootindex {
-                dev.push_str(&format!(",bootindex={b}"));
+                dev["bootindex"] = json!(b);
             }
-            push(&["-device", &dev]);
+            a.extend(["-device".to_owned(), dev.to_string()]);
         }
         for d in &self.boot_disks {
             let node = format!("{}-disk", d.id);
             let bd = json!({"driver": "raw", "node-name": node, "read-only": d.readonly, "file": {"driver": "file", "filename": p(&d.path), "read-only": d.readonly}});
-            push(&["-blockdev", &bd.to_string()]);
+            a.extend(["-blockdev".to_owned(), bd.to_string()]);
             let mut dev = if d.sata {
-                let s = format!("ide-hd,id={},bus=ide.{port},drive={node}", d.id);
+                let dev = json!({"driver": "ide-hd", "id": d.id, "bus": format!("ide.{port}"), "drive": node});
                 port += 1;
-                s
+                dev
             } else {
-                format!("virtio-blk-pci,id={},drive={node}", d.id)
+                json!({"driver": "virtio-blk-pci", "id": d.id, "drive": node})
             };
             if let Some(b) = d.bootindex {
-                dev.push_str(&format!(",bootindex={b}"));
+                dev["bootindex"] = json!(b);
             }
             if let Some(s) = &d.serial {
-                dev.push_str(&format!(",serial={s}"));
+                dev["serial"] = json!(s);
             }
-            push(&["-device", &dev]);
-        }
-        if self.user_net {
-            push(&["-nic", "user,model=virtio-net-pci"]);
-        } else {
-            push(&["-nic", "none"]);
+            a.extend(["-device".to_owned(), dev.to_string()]);
         }
         a
     }
 }
 
-/// Parses a Kubernetes quantity of bytes (`128Mi`, `1Gi`, `512M`, `1073741824`) into MiB.
+/// Checks that every option argument in `args` carries only the keys this crate writes, each
+/// once: the property that makes injection impossible, checked on the built command line
+/// (defence in depth: [`crate::process::launch`] refuses a command line that fails it; the tests
+/// and the fuzz target assert it for any spec).
 ///
 /// # Errors
-/// When the text is not a quantity of bytes.
+/// The flag, the argument and the keys QEMU would read from it.
+pub fn audit(args: &[String]) -> Result<(), String> {
+    for w in args.windows(2) {
+        let (flag, arg) = (w[0].as_str(), w[1].as_str());
+        let allowed: &[&str] = match flag {
+            "-name" => &["guest", "debug-threads"],
+            "-chardev" => &["", "id", "path", "server", "wait", "logfile", "logappend"],
+            "-run-with" => &["user"],
+            "-mon" => &["chardev", "mode"],
+            "-device" => &["driver", "id", "bus", "drive", "bootindex", "serial"],
+            "-blockdev" => &["driver", "node-name", "read-only", "file", "file.driver", "file.filename", "file.read-only"],
+            _ => continue,
+        };
+        let keys: Vec<String> = match flag {
+            "-device" | "-blockdev" => {
+                use serde_json::Value;
+                let Ok(Value::Object(v)) = serde_json::from_str::<Value>(arg) else {
+                    return Err(format!("{flag} {arg}: not a JSON object"));
+                };
+                let scalar = |x: &Value| !(x.is_object() || x.is_array());
+                let mut keys = Vec::new();
+                for (k, x) in &v {
+                    match x {
+                        Value::Object(f) if k == "file" && f.values().all(scalar) => keys.extend(f.keys().map(|fk| format!("file.{fk}"))),
+                        x if scalar(x) => {}
+                        _ => return Err(format!("{flag} {arg}: {k} holds a structure where a value belongs")),
+                    }
+                    keys.push(k.clone());
+                }
+                keys
+            }
+            _ => crate::opts::parse(arg).into_iter().map(|(k, _)| k.unwrap_or_default()).collect(),
+        };
+        let mut seen = std::collections::HashSet::new();
+        if let Some(bad) = keys.iter().find(|k| !allowed.contains(&k.as_str()) || !seen.insert(k.as_str())) {
+            return Err(format!("{flag} {arg}: QEMU would read a key {bad:?} this command line never sets (keys: {keys:?})"));
+        }
+    }
+    Ok(())
+}
+
+/// QEMU's seccomp filter as virtplug runs it (`LaunchSpec::sandbox`): no obsolete system
+/// calls, no setuid/setgid, no fork/exec, no scheduler or affinity changes. fd handoff keeps
+/// working: it only needs `recvmsg` on the QMP socket.
+pub const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+
+/// [`SANDBOX`] for a QEMU that drops to another user (`LaunchSpec::run_as`): QEMU's own setuid
+/// happens after the filter is installed, so `elevateprivileges` cannot be `deny` (QEMU dies of
+/// SIGSYS, measured with QEMU 10.0.2).
+pub const SANDBOX_RUN_AS: &str = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny";
+
+/// Parses a Kubernetes quantity of bytes (`128Mi`, `1Gi`, `512M`, `1073741824`) into MiB
+/// (rounded down).
+///
+/// # Errors
+/// When the text is not a usable quantity of bytes ([`api::quantity::bytes`]).
 pub fn quantity_mib(q: &str, field: &str) -> Result<u64, CmdlineError> {
-    let q = q.trim();
-    let (num, mult): (&str, u64) = [
-        ("Ki", 1u64 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("k", 1000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-        ("T", 1_000_000_000_000),
-    ]
-    .iter()
-    .find_map(|(s, m)| q.strip_suffix(s).map(|n| (n, *m)))
-    .unwrap_or((q, 1));
-    let n: u64 = num.parse().map_err(|_| invalid(field, format!("{q:?} is not a quantity of bytes; use e.g. 256Mi or 1Gi")))?;
-    Ok(n.saturating_mul(mult) / (1 << 20))
+    api::quantity::bytes(q).map(|b| b >> 20).map_err(|m| invalid(field, m))
+}
+
+/// cores × sockets × threads of `spec.domain.cpu`, checked.
+///
+/// # Errors
+/// When the product exceeds [`api::validation::MAX_VCPUS`] (admission refuses it too; a spec
+/// from an API server without virtplug's admission may still carry it).
+pub fn vcpus(dom: &api::kubevirt::DomainSpec) -> Result<u32, CmdlineError> {
+    let n = dom.vcpus();
+    let max = api::validation::MAX_VCPUS;
+    u32::try_from(n)
+        .ok()
+        .filter(|_| n <= max)
+        .ok_or_else(|| invalid("spec.domain.cpu", format!("cores × sockets × threads is {n} vCPUs; a guest can have at most {max}")))
 }
 
 /// Builds the launch spec of a VMI. `source` gives the host path of a volume present from boot
-/// (not hot-pluggable); hot-pluggable volumes are left for hot-plug.
+/// (not hot-pluggable); hot-pluggable volumes are left for hot-plug. `boot_files` decides which
+/// host files `kernelBoot` may name.
 ///
 /// # Errors
-/// When memory cannot be parsed, more `sata` devices than AHCI ports are asked for, a boot
-/// volume has no local source, or `kernelBoot` names an image instead of local files.
+/// When memory or the CPU topology cannot be used, more `sata` devices than AHCI ports are
+/// asked for, a boot volume has no local source, or `kernelBoot` names an image instead of
+/// local files, or files outside `boot_files`.
 pub fn from_vmi(
     spec: &VirtualMachineInstanceSpec,
     name: &str,
     run_dir: &Path,
     accel: Resolved,
+    boot_files: &AllowedDirs,
     source: impl Fn(&Volume) -> Option<PathBuf>,
 ) -> Result<LaunchSpec, CmdlineError> {
     let dom = &spec.domain;
@@ -218,7 +305,7 @@ pub fn from_vmi(
             (None, Some(q)) => quantity_mib(&q.0, "spec.domain.resources.requests.memory")?,
             (None, None) => 128,
         };
-    let vcpus = dom.cpu.as_ref().map_or(1, |c| c.cores.unwrap_or(1) * c.sockets.unwrap_or(1) * c.threads.unwrap_or(1)).max(1);
+    let vcpus = vcpus(dom)?;
     let kernel = match dom.firmware.as_ref().and_then(|f| f.kernel_boot.as_ref()) {
         None => None,
         Some(kb) => {
@@ -232,13 +319,12 @@ pub fn from_vmi(
                     "container images are not supported here; leave image empty (or \"local\") and set kernelPath/initrdPath to host files",
                 ));
             }
-            let kernel = c
-                .kernel_path
-                .clone()
-                .ok_or_else(|| invalid("spec.domain.firmware.kernelBoot.container.kernelPath", "required: the host path of the kernel"))?;
+            const FIELD: &str = "spec.domain.firmware.kernelBoot.container";
+            let kernel =
+                c.kernel_path.as_deref().ok_or_else(|| invalid(format!("{FIELD}.kernelPath"), "required: the host path of the kernel"))?;
             Some(KernelBoot {
-                kernel: kernel.into(),
-                initrd: c.initrd_path.clone().map(PathBuf::from),
+                kernel: boot_files.resolve(kernel, &format!("{FIELD}.kernelPath"))?,
+                initrd: c.initrd_path.as_deref().map(|i| boot_files.resolve(i, &format!("{FIELD}.initrdPath"))).transpose()?,
                 cmdline: kb.kernel_args.clone().unwrap_or_default(),
             })
         }
@@ -295,23 +381,36 @@ pub fn from_vmi(
         cdrom_drives,
         user_net: false,
         own_mount_namespace: false,
+        sandbox: true,
+        run_as: None,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
-    fn spec(v: serde_json::Value) -> VirtualMachineInstanceSpec {
+    fn spec(v: Value) -> VirtualMachineInstanceSpec {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// A directory with a kernel and an initrd, allowed for boot files.
+    fn boot_dir() -> (tempfile::TempDir, AllowedDirs) {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("k"), b"k").unwrap();
+        std::fs::write(t.path().join("i"), b"i").unwrap();
+        let dirs = AllowedDirs::new([t.path().to_owned()]);
+        (t, dirs)
     }
 
     #[test]
     fn vmi_maps_to_q35_with_ahci_cdroms_and_hotplug_controller() {
+        let (t, dirs) = boot_dir();
+        let d = std::fs::canonicalize(t.path()).unwrap().display().to_string();
         let s = spec(json!({
             "domain": {"memory": {"guest": "256Mi"}, "cpu": {"cores": 2},
-                "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0", "container": {"kernelPath": "/k", "initrdPath": "/i"}}},
+                "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0", "container": {"kernelPath": format!("{d}/k"), "initrdPath": format!("{d}/i")}}},
                 "devices": {"disks": [
                     {"name": "cd", "cdrom": {"bus": "sata"}, "bootOrder": 2},
                     {"name": "root", "disk": {"bus": "virtio"}, "bootOrder": 1},
@@ -319,7 +418,8 @@ mod tests {
             "volumes": [{"name": "root", "emptyDisk": {"capacity": "1Gi"}},
                         {"name": "hp", "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}}]
         }));
-        let l = from_vmi(&s, "vm1", Path::new("/run/vm1"), Resolved::Tcg, |v| Some(PathBuf::from(format!("/vol/{}", v.name)))).unwrap();
+        let l =
+            from_vmi(&s, "vm1", Path::new("/run/vm1"), Resolved::Tcg, &dirs, |v| Some(PathBuf::from(format!("/vol/{}", v.name)))).unwrap();
         assert_eq!((l.memory_mib, l.vcpus), (256, 2));
         assert_eq!(l.cdrom_drives, [CdromDrive { id: "cd".into(), bootindex: Some(2), medium: None }]);
         assert_eq!(l.boot_disks.len(), 1, "the hot-pluggable volume is left for hot-plug");
@@ -327,11 +427,11 @@ mod tests {
         for want in [
             "-machine q35 -accel tcg -cpu max",
             "-m 256 -smp 2",
-            "-daemonize -pidfile /run/vm1/qemu.pid",
-            "-device virtio-scsi-pci,id=hotplug-scsi",
-            "-device ide-cd,id=cd,bus=ide.0,bootindex=2",
-            "virtio-blk-pci,id=root,drive=root-disk,bootindex=1",
-            "-kernel /k -append console=ttyS0 -initrd /i",
+            "-display none -pidfile /run/vm1/qemu.pid",
+            r#"-device {"driver":"virtio-scsi-pci","id":"hotplug-scsi"}"#,
+            r#"-device {"driver":"ide-cd","id":"cd","bus":"ide.0","bootindex":2}"#,
+            r#"{"driver":"virtio-blk-pci","id":"root","drive":"root-disk","bootindex":1}"#,
+            &format!("-kernel {d}/k -append console=ttyS0 -initrd {d}/i"),
             "-nic none",
         ] {
             assert!(args.contains(want), "missing {want:?} in {args}");
@@ -340,19 +440,94 @@ mod tests {
 
     #[test]
     fn bad_memory_and_image_kernel_name_the_field() {
+        let dirs = AllowedDirs::default();
         let s = spec(json!({"domain": {"memory": {"guest": "lots"}, "devices": {}}}));
-        let e = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, |_| None).unwrap_err();
+        let e = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, &dirs, |_| None).unwrap_err();
         assert!(e.to_string().starts_with("spec.domain.memory.guest:"), "{e}");
         let s =
             spec(json!({"domain": {"devices": {}, "firmware": {"kernelBoot": {"container": {"image": "quay.io/x", "kernelPath": "/k"}}}}}));
-        let e = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, |_| None).unwrap_err();
+        let e = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, &dirs, |_| None).unwrap_err();
         assert!(e.to_string().contains("kernelBoot.container.image"), "{e}");
+    }
+
+    #[test]
+    fn a_kernel_or_initrd_outside_the_allowed_dirs_is_refused_by_field() {
+        let (_t, dirs) = boot_dir();
+        for (k, i, field) in [("/etc/shadow", None, "kernelPath"), ("/etc/hostname", Some("/etc/shadow"), "kernelPath")] {
+            let s = spec(json!({"domain": {"devices": {}, "firmware": {"kernelBoot": {"container": {"kernelPath": k, "initrdPath": i}}}}}));
+            let e = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, &dirs, |_| None).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("spec.domain.firmware.kernelBoot.container.{field}:")), "{e}");
+        }
+    }
+
+    #[test]
+    fn cpu_topology_that_overflows_is_refused_not_wrapped() {
+        let s = spec(json!({"domain": {"devices": {}, "cpu": {"cores": 4_294_967_295u32, "sockets": 4_294_967_295u32, "threads": 2}}}));
+        let e = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, &AllowedDirs::default(), |_| None).unwrap_err();
+        assert!(e.to_string().starts_with("spec.domain.cpu:"), "{e}");
     }
 
     #[test]
     fn quantities() {
         assert_eq!(quantity_mib("1Gi", "f").unwrap(), 1024);
         assert_eq!(quantity_mib("268435456", "f").unwrap(), 256);
-        assert!(quantity_mib("1.5Gi", "f").is_err());
+        assert_eq!(quantity_mib("1.5Gi", "f").unwrap(), 1536);
+        assert!(quantity_mib("16Ei", "f").is_err(), "2^64 bytes overflow");
+        assert!(quantity_mib("18446744073709551615Ki", "f").is_err());
+    }
+
+    fn launch(name: &str, disk: &str, serial: &str, path: &str) -> LaunchSpec {
+        LaunchSpec {
+            name: name.to_owned(),
+            run_dir: PathBuf::from(path),
+            memory_mib: 128,
+            vcpus: 1,
+            accel: Resolved::Tcg,
+            kernel: None,
+            boot_disks: vec![BootDisk {
+                id: disk.to_owned(),
+                path: PathBuf::from(path).join("d.img"),
+                readonly: false,
+                sata: serial.len().is_multiple_of(2),
+                bootindex: Some(1),
+                serial: Some(serial.to_owned()),
+            }],
+            cdrom_drives: vec![CdromDrive { id: format!("{disk}cd"), bootindex: None, medium: Some(PathBuf::from(path).join("m.iso")) }],
+            user_net: false,
+            own_mount_namespace: false,
+            sandbox: true,
+            run_as: Some(name.to_owned()),
+        }
+    }
+
+    /// Each option argument carries exactly the keys it may, and the values come back whole.
+    fn check_no_extra_keys(l: &LaunchSpec) {
+        let args = l.args();
+        audit(&args).unwrap();
+        // The values come back whole.
+        let name_arg = args.iter().position(|a| a == "-name").map(|i| &args[i + 1]).unwrap();
+        assert_eq!(crate::opts::parse(name_arg)[0], (Some("guest".into()), l.name.clone()));
+        let serial = l.boot_disks[0].serial.clone().unwrap();
+        let dev = args.iter().filter_map(|a| serde_json::from_str::<Value>(a).ok()).find(|v| v["id"] == l.boot_disks[0].id).unwrap();
+        assert_eq!(dev["serial"], json!(serial));
+    }
+
+    #[test]
+    fn the_injections_of_the_review_add_no_option() {
+        // The review's examples: a serial, a name and a path that each try to add a property.
+        let l =
+            launch("ns_vm,debug-threads=off,process=x", "d,drive=evil", "s,drive=root-disk,bootindex=0", "/run/a,logfile=/etc/cron.d/x");
+        check_no_extra_keys(&l);
+    }
+
+    proptest::proptest! {
+        /// Any name, disk id, serial and run dir: every argument parses back into exactly the
+        /// intended options, no extra key, and the values whole.
+        #[test]
+        fn every_argument_parses_back_into_exactly_the_intended_options(
+            name in ".{0,40}", disk in ".{1,20}", serial in ".{0,40}", path in "/[^\\x00]{0,40}",
+        ) {
+            check_no_extra_keys(&launch(&name, &disk, &serial, &path));
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! The QEMU process: launched with `-daemonize` (its own session, so it survives a restart of
-//! whoever launched it), identified by its pidfile, adopted again after a restart, stopped by PID.
+//! The QEMU process: launched in a session of its own (so it survives a restart of whoever
+//! launched it), identified by its pidfile, adopted again after a restart, stopped by PID.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -43,13 +43,25 @@ pub struct Process {
     pub run_dir: PathBuf,
 }
 
-/// Starts QEMU for `spec` and returns once it runs in the background (QMP socket ready).
+/// How long QEMU may take from exec to answering on QMP.
+const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Starts QEMU for `spec` and returns once it answers on its QMP socket.
+///
+/// QEMU is not started with `-daemonize`: that forks and calls `setsid` after the seccomp
+/// filter is in place, which `-sandbox spawn=deny,elevateprivileges=deny` forbids. Instead the
+/// child gets its own session here (so it survives whoever launched it, like a daemon: no
+/// controlling terminal, no signal to our process group reaches it), `/` as its directory,
+/// and its stdout/stderr in `RUN_DIR/qemu.log` (never a pipe, which would break when the agent
+/// that reads it dies). Once it runs, the child handle is dropped: tokio reaps it if it exits
+/// while we live; after that, init does.
 ///
 /// # Errors
-/// `RunDir`, `Spawn`, or `Failed` with QEMU's own message.
+/// `RunDir`, `Spawn`, or `Failed` with QEMU's own message (from `qemu.log`) when it exits
+/// before answering, or does not answer within a minute.
 pub async fn launch(spec: &LaunchSpec) -> Result<Process, ProcessError> {
     let run_err = |source| ProcessError::RunDir { path: spec.run_dir.clone(), source };
-    std::fs::create_dir_all(&spec.run_dir).map_err(run_err)?;
+    private_run_dir(&spec.run_dir, &spec.serial_log()).map_err(run_err)?;
     for stale in [spec.qmp_socket(), spec.serial_socket(), spec.pidfile()] {
         match std::fs::remove_file(&stale) {
             Ok(()) => {}
@@ -57,34 +69,83 @@ pub async fn launch(spec: &LaunchSpec) -> Result<Process, ProcessError> {
             Err(e) => return Err(run_err(e)),
         }
     }
+    let log_path = spec.run_dir.join("qemu.log");
+    let log = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&log_path).map_err(run_err)?
+    };
+    let args = spec.args();
+    crate::cmdline::audit(&args)
+        .map_err(|e| ProcessError::Failed { name: spec.name.clone(), stderr: format!("refusing to start QEMU: {e}") })?;
     let binary = qemu_binary();
     let mut cmd = tokio::process::Command::new(&binary);
-    cmd.args(spec.args()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    if spec.own_mount_namespace {
-        // SAFETY: the closure runs in the forked child between fork and exec, where only
-        // async-signal-safe work is allowed. It makes two raw system calls (unshare, mount) on a
-        // static C string and allocates nothing; an error is returned as an errno value. The
-        // child has one thread, so `unshare` cannot leave another thread with a different view
-        // (the caveat of `unshare_unsafe`, which is about CLONE_FILES, does not apply to NEWNS).
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(|| {
+    cmd.args(args).current_dir("/").stdin(Stdio::null()).stdout(log.try_clone().map_err(run_err)?).stderr(log);
+    let own_ns = spec.own_mount_namespace;
+    // SAFETY: the closure runs in the forked child between fork and exec, where only
+    // async-signal-safe work is allowed. It makes raw system calls (setsid, and for bind-mount
+    // mode unshare and mount on a static C string), allocates nothing, and returns an error as
+    // an errno value. The child has one thread, so `unshare` cannot leave another thread with a
+    // different view (the caveat of `unshare_unsafe`, about CLONE_FILES, does not apply to
+    // NEWNS). setsid cannot fail here: the child of a fork is never a process group leader.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::setsid()?;
+            if own_ns {
                 rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
                 // A downstream copy: the host's later mounts propagate in, ours never out.
                 rustix::mount::mount_change(
                     c"/",
                     rustix::mount::MountPropagationFlags::DOWNSTREAM | rustix::mount::MountPropagationFlags::REC,
                 )?;
-                Ok(())
-            });
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn { binary: binary.clone(), source })?;
+    let failed = |why: String| {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        ProcessError::Failed { name: spec.name.clone(), stderr: format!("{why}{}", log.trim()) }
+    };
+    let qmp_socket = spec.qmp_socket();
+    tokio::select! {
+        status = child.wait() => {
+            let why = status.map_or_else(|e| format!("cannot wait for it ({e}); "), |s| if s.success() { String::new() } else { format!("{s}: ") });
+            return Err(failed(why));
+        }
+        qmp = crate::qmp::Qmp::connect_within(&qmp_socket, STARTUP_DEADLINE) => {
+            if let Err(e) = qmp {
+                let _ = child.start_kill();
+                return Err(failed(format!("it did not answer on QMP within {STARTUP_DEADLINE:?} ({e}); ")));
+            }
         }
     }
-    let out = cmd.output().await.map_err(|source| ProcessError::Spawn { binary: binary.clone(), source })?;
-    // With -daemonize the first process exits once QEMU is initialised (or has failed).
-    if !out.status.success() {
-        return Err(ProcessError::Failed { name: spec.name.clone(), stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned() });
-    }
     adopt(&spec.run_dir)
+}
+
+/// Makes the run dir private before QEMU runs: the dir 0700 (its QMP socket controls QEMU), the
+/// serial log 0600 (the guest's console may print secrets). QEMU opens the log with `O_CREAT`
+/// and would create it with its umask's mode, so it is created (or tightened) here first;
+/// `logappend=on` keeps what is in it.
+fn private_run_dir(run_dir: &Path, serial_log: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(run_dir)?;
+    tighten(run_dir, 0o700)?;
+    match std::fs::OpenOptions::new().append(true).create_new(true).mode(0o600).open(serial_log) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => tighten(serial_log, 0o600),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes group and other permissions from `path` (to `mode`) if it has any (a run dir made
+/// by an older version).
+fn tighten(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if std::fs::metadata(path)?.mode() & 0o077 != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
 }
 
 /// Finds the QEMU of `run_dir` from its pidfile, checking that the PID still is that QEMU
@@ -148,5 +209,32 @@ impl Process {
         })
         .await
         .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().mode() & 0o777
+    }
+
+    #[test]
+    fn the_run_dir_and_serial_log_are_private_and_the_log_is_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let run = t.path().join("vmis/u1");
+        let log = run.join("serial.log");
+        private_run_dir(&run, &log).unwrap();
+        assert_eq!((mode(&run), mode(&log)), (0o700, 0o600));
+        // A run dir and log from an older version: tightened, the log's content kept.
+        std::fs::write(&log, "boot 1\n").unwrap();
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o644)).unwrap();
+        private_run_dir(&run, &log).unwrap();
+        assert_eq!((mode(&run), mode(&log)), (0o700, 0o600));
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "boot 1\n");
     }
 }

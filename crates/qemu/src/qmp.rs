@@ -33,6 +33,11 @@ pub const GREETING_DEADLINE: Duration = Duration::from_secs(5);
 /// Deadline of a command unless the caller gives one.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
 
+/// Longest QMP line read (QEMU's largest replies here, `query-named-block-nodes` with hundreds
+/// of nodes, are well under 1 MiB). A peer that sends more without a newline is cut off rather
+/// than buffered without bound.
+pub const MAX_LINE: usize = 16 << 20;
+
 /// Errors of the QMP client.
 #[derive(Debug, thiserror::Error)]
 pub enum QmpError {
@@ -305,6 +310,9 @@ impl Qmp {
 }
 
 async fn read_some(stream: &UnixStream, buf: &mut Vec<u8>) -> io::Result<()> {
+    if buf.len() > MAX_LINE {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a QMP line longer than {MAX_LINE} bytes")));
+    }
     let mut chunk = [0u8; 8192];
     loop {
         stream.readable().await?;
@@ -321,8 +329,12 @@ async fn read_some(stream: &UnixStream, buf: &mut Vec<u8>) -> io::Result<()> {
 }
 
 async fn read_loop(stream: Arc<UnixStream>, mut buf: Vec<u8>, pending: Pending, events: broadcast::Sender<Event>) {
+    // How much of `buf` is known to hold no newline: each byte is searched once, so a long
+    // line costs linear time, not quadratic.
+    let mut searched = 0;
     loop {
-        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+        while let Some(pos) = buf[searched..].iter().position(|b| *b == b'\n').map(|p| p + searched) {
+            searched = 0;
             let line: Vec<u8> = buf.drain(..=pos).collect();
             let Ok(v) = serde_json::from_slice::<Value>(&line) else {
                 tracing::warn!(line = %String::from_utf8_lossy(&line), "unparseable QMP line");
@@ -347,6 +359,7 @@ async fn read_loop(stream: Arc<UnixStream>, mut buf: Vec<u8>, pending: Pending, 
             };
             let _ = tx.send(reply);
         }
+        searched = buf.len();
         if read_some(&stream, &mut buf).await.is_err() {
             // Pending commands see Disconnected when their senders drop here; event waiters get a
             // synthetic DISCONNECTED (QEMU exited or closed the socket).
@@ -354,5 +367,43 @@ async fn read_loop(stream: Arc<UnixStream>, mut buf: Vec<u8>, pending: Pending, 
             let _ = events.send(Event { name: "DISCONNECTED".to_owned(), data: Value::Null, received: Instant::now() });
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A peer that greets, then answers the first command with `reply` (written in pieces).
+    async fn fake_qemu(dir: &Path, reply: Vec<u8>) -> tokio::task::JoinHandle<()> {
+        let listener = tokio::net::UnixListener::bind(dir.join("qmp.sock")).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            s.write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\n").await.unwrap();
+            let mut buf = [0u8; 4096];
+            // qmp_capabilities is answered; the next command gets `reply`.
+            let n = s.read(&mut buf).await.unwrap();
+            let cmd: Value = serde_json::from_slice(buf[..n].trim_ascii_end()).unwrap();
+            s.write_all(format!("{{\"return\": {{}}, \"id\": {}}}\n", cmd["id"]).as_bytes()).await.unwrap();
+            let _ = s.read(&mut buf).await.unwrap();
+            for chunk in reply.chunks(1 << 20) {
+                if s.write_all(chunk).await.is_err() {
+                    return;
+                }
+            }
+            let _ = s.read(&mut buf).await;
+        })
+    }
+
+    #[tokio::test]
+    async fn a_line_without_end_is_cut_off_not_buffered_without_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = fake_qemu(dir.path(), vec![b'x'; MAX_LINE + (4 << 20)]).await;
+        let qmp = Qmp::connect(&dir.path().join("qmp.sock")).await.unwrap();
+        let r = qmp.execute("query-status", json!({})).await;
+        assert!(matches!(r, Err(QmpError::Disconnected { .. })), "{r:?}");
+        assert!(!qmp.is_connected());
+        server.abort();
     }
 }

@@ -67,6 +67,8 @@ fn launch_spec(dir: &Path) -> LaunchSpec {
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
         user_net: false,
         own_mount_namespace: false,
+        sandbox: true,
+        run_as: None,
     }
 }
 
@@ -162,6 +164,13 @@ fn auto_accelerator_never_picks_kvm_pvm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boots_to_ready_and_hotplugs_file_and_loop_by_fd() {
     let mut vm = TestVm::boot().await;
+    // Hot-plug by fd works with QEMU under its seccomp filter (mode 2) and in its own session.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", vm.process.pid)).unwrap();
+    assert!(status.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["Seccomp:", "2"]), "QEMU is not sandboxed: {status}");
+    assert_eq!(
+        rustix::process::getsid(rustix::process::Pid::from_raw(vm.process.pid)).ok(),
+        rustix::process::Pid::from_raw(vm.process.pid)
+    );
     let dir = tempfile::tempdir().unwrap();
     let file = image(dir.path(), "file.img", b"VP-FILE-DISK-001", 8 << 20);
     let backing = image(dir.path(), "loop.img", b"VP-LOOP-DISK-002", 16 << 20);
@@ -410,4 +419,31 @@ async fn an_interrupted_attach_leaves_nothing_once_its_fd_sets_and_device_less_n
     assert_eq!(vm.qemu_fds_on(&node_only), 0, "QEMU let go of the node's image");
     assert_eq!(vm.qemu_fds_on(&kept), 1, "the attached volume keeps its image");
     assert!(vm.machine.remove_stale_fdsets().await.unwrap().is_empty(), "nothing stale is left");
+}
+
+/// `run_as`: QEMU drops to `nobody` after start-up (its sandbox then allows its own setuid, and
+/// still forbids exec), and hot-plug by fd works unchanged: the fd was opened by us, as root.
+#[tokio::test]
+async fn a_qemu_dropped_to_nobody_still_hotplugs_by_fd() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: dropping QEMU to another user needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = launch_spec(dir.path());
+    spec.run_as = Some("nobody".into());
+    let mut vm = TestVm::start(&spec, dir).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", vm.process.pid)).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(uid.split_whitespace().skip(1).all(|u| u != "0"), "QEMU still runs as root: {uid}");
+    assert!(status.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["Seccomp:", "2"]), "QEMU is not sandboxed");
+
+    let images = tempfile::tempdir().unwrap();
+    let file = image(images.path(), "root-only.img", b"VP-NOBODY-DISK-1", 8 << 20);
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    vm.machine.attach(disk("vol-nobody", open(&file, true))).await.unwrap();
+    let plugged =
+        vm.see("the disk QEMU could not have opened itself", |l| l.starts_with("BLOCK+") && l.contains("id=serial.vol-nobody")).await;
+    assert!(plugged.contains(&hex(b"VP-NOBODY-DISK-1")), "{plugged}");
+    vm.process.kill().await;
 }

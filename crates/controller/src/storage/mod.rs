@@ -82,30 +82,7 @@ pub fn serves(pvc: &PersistentVolumeClaim) -> bool {
 /// # Errors
 /// A message naming the value when it is not a quantity or not a whole number of bytes ≥ 1.
 pub fn parse_bytes(q: &str) -> Result<u64, String> {
-    let q = q.trim();
-    let units: [(&str, f64); 12] = [
-        ("Ki", 1024f64),
-        ("Mi", 1024f64.powi(2)),
-        ("Gi", 1024f64.powi(3)),
-        ("Ti", 1024f64.powi(4)),
-        ("Pi", 1024f64.powi(5)),
-        ("Ei", 1024f64.powi(6)),
-        ("k", 1e3),
-        ("M", 1e6),
-        ("G", 1e9),
-        ("T", 1e12),
-        ("P", 1e15),
-        ("E", 1e18),
-    ];
-    let (num, mult) = units.iter().find_map(|(s, m)| q.strip_suffix(s).map(|n| (n, *m))).unwrap_or((q, 1.0));
-    let n: f64 = num.parse().map_err(|_| format!("{q:?} is not a quantity; write e.g. 1Gi, 512Mi or 1000000000"))?;
-    let bytes = (n * mult).ceil();
-    if !bytes.is_finite() || !(1.0..=9.0e18).contains(&bytes) {
-        return Err(format!("{q:?} is not a usable size; give at least 1 byte, e.g. 1Gi"));
-    }
-    // Truncation is exact here: `bytes` is a whole number between 1 and 9e18.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Ok(bytes as u64)
+    api::quantity::bytes(q)
 }
 
 /// The requested size of `pvc` in bytes.
@@ -136,6 +113,6 @@ mod tests {
         assert_eq!(parse_bytes("4096"), Ok(4096));
         assert_eq!(parse_bytes("1e9"), Ok(1_000_000_000));
         assert!(parse_bytes("lots").unwrap_err().contains("not a quantity"));
-        assert!(parse_bytes("0").unwrap_err().contains("at least 1 byte"));
+        assert!(parse_bytes("0").unwrap_err().contains("between 1 byte"));
     }
 }
