@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use crate::patch::{self, PatchKind};
+use crate::patch::{Patch, PatchKind};
 use crate::registry::{self, ResourceDef};
 use crate::status::ApiError;
 use crate::store::{Op, Store, StoreError, Stored};
@@ -85,6 +85,9 @@ fn store_err(def: &ResourceDef, name: &str, e: StoreError) -> ApiError {
         StoreError::NotFound { .. } => ApiError::not_found(def.group, def.plural, name),
         StoreError::Conflict { .. } => ApiError::conflict(def.group, def.plural, name),
         StoreError::Compacted { requested, oldest } => ApiError::expired(requested, oldest),
+        e @ (StoreError::NoSpace { .. } | StoreError::Full { .. }) => {
+            ApiError::insufficient_storage(format!("storing {} {name:?}: {e}", def.kind))
+        }
         e @ (StoreError::Sqlite { .. } | StoreError::Commit { .. } | StoreError::Thread(_) | StoreError::WriterGone) => {
             ApiError::internal(format!("storing {} {name:?} failed: {e}; nothing was stored", def.kind))
         }
@@ -194,7 +197,9 @@ impl Objects {
             }
             _ => {}
         }
+        check_metadata(def, &name, &obj, None)?;
         self.validate(def, &name, &obj)?;
+        crate::limits::check_object(def, &name, &obj)?;
         if dry_run {
             return Ok(obj);
         }
@@ -277,7 +282,9 @@ impl Objects {
     ///
     /// # Errors
     /// 415 for strategic merge patch on a custom resource and for server-side apply; 400 for a
-    /// body that is not a patch; 422 when a JSON patch operation fails; 409; 404.
+    /// body that is not a patch; 413 for a JSON patch of too many operations or a result over
+    /// the object size limit; 422 when a JSON patch operation fails or the result nests too
+    /// deep; 409; 404.
     pub async fn patch(
         &self,
         def: &ResourceDef,
@@ -294,9 +301,10 @@ impl Objects {
                  application/json-patch+json, application/merge-patch+json",
             ));
         }
-        // Parse once up front so a malformed body is 400 even for a missing object.
-        patch::apply(kind, &json!({}), body).or_else(|e| if e.code == 422 { Ok(Value::Null) } else { Err(e) })?;
-        let preconditioned = patch_carries_rv(kind, body);
+        // Parsed once, up front: a malformed body is 400 even for a missing object, and a retry
+        // does not parse it again.
+        let parsed = Patch::parse(kind, body)?;
+        let preconditioned = parsed.carries_rv();
         self.guaranteed_update(
             def,
             ns,
@@ -304,7 +312,7 @@ impl Objects {
             preconditioned,
             dry_run,
             |cur| {
-                let patched = patch::apply(kind, &cur.object, body)?;
+                let patched = parsed.apply(&cur.object)?;
                 if let Some(rv) = meta_str(&patched, "resourceVersion") {
                     if rv != cur.rv.to_string() {
                         return Err(ApiError::conflict(def.group, def.plural, name));
@@ -355,12 +363,14 @@ impl Objects {
             let mut new = compute(&cur)?;
             check_type(def, &mut new)?;
             let new = merge_server_fields(def, &cur.object, new, part);
+            check_metadata(def, name, &new, Some(&cur.object))?;
             if part == Part::Main {
                 self.validate(def, name, &new)?;
             }
             if *cur.object == new {
                 return Ok(new);
             }
+            crate::limits::check_update(def, name, &cur.object, &new)?;
             if dry_run {
                 return Ok(new);
             }
@@ -465,17 +475,18 @@ impl Objects {
     }
 }
 
-/// Whether a patch body sets `metadata.resourceVersion` (making it a precondition).
-fn patch_carries_rv(kind: PatchKind, body: &[u8]) -> bool {
-    match kind {
-        PatchKind::Merge | PatchKind::Strategic => serde_json::from_slice::<Value>(body)
-            .ok()
-            .and_then(|v| v.pointer("/metadata/resourceVersion").cloned())
-            .is_some_and(|v| v.is_string()),
-        PatchKind::Json => serde_json::from_slice::<Vec<Value>>(body).ok().is_some_and(|ops| {
-            ops.iter().any(|op| op["path"] == "/metadata/resourceVersion" && matches!(op["op"].as_str(), Some("test" | "replace" | "add")))
-        }),
-        PatchKind::Apply => false,
+/// Checks labels and annotations ([`crate::labels`]) when they are new or changed from `prev`:
+/// an object stored before the rules were enforced can still be written without touching them.
+fn check_metadata(def: &ResourceDef, name: &str, obj: &Value, prev: Option<&Value>) -> Result<(), ApiError> {
+    let same = |field: &str| prev.is_some_and(|p| meta(p).get(field) == meta(obj).get(field));
+    if same("labels") && same("annotations") {
+        return Ok(());
+    }
+    let causes = crate::labels::causes(obj)?;
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(def.group, def.kind, name, &causes))
     }
 }
 
@@ -561,7 +572,7 @@ fn merge_server_fields(def: &ResourceDef, cur: &Value, sent: Value, part: Part) 
             v
         };
         if spec_of(cur) != spec_of(&new) {
-            let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1) + 1;
+            let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1).saturating_add(1);
             meta_mut(&mut new).insert("generation".into(), json!(g));
         }
     }

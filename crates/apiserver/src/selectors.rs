@@ -1,15 +1,23 @@
 //! Label and field selectors, as `kubectl -l` and `--field-selector` send them.
+//!
+//! A selector is at most [`MAX_SELECTOR_BYTES`] long; label selectors follow apimachinery's
+//! rules for keys and values (400 otherwise), and `in`/`notin` sets are looked up, not scanned,
+//! so matching costs the same for a set of 2 or 10,000 values.
+
+use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+use crate::labels;
+use crate::limits::MAX_SELECTOR_BYTES;
 use crate::status::ApiError;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Req {
     Eq(String, String),
     Ne(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
+    In(String, BTreeSet<String>),
+    NotIn(String, BTreeSet<String>),
     Exists(String),
     NotExists(String),
 }
@@ -38,9 +46,45 @@ fn split_top(s: &str) -> Vec<&str> {
     parts.into_iter().map(str::trim).filter(|p| !p.is_empty()).collect()
 }
 
-fn set(s: &str) -> Option<Vec<String>> {
+fn set(s: &str) -> Option<BTreeSet<String>> {
     let inner = s.trim().strip_prefix('(')?.strip_suffix(')')?;
-    Some(inner.split(',').map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()).collect())
+    let values: BTreeSet<String> = inner.split(',').map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()).collect();
+    // As apimachinery: "for 'in', 'notin' operators, values set can't be empty".
+    (!values.is_empty()).then_some(values)
+}
+
+fn check_length(s: &str, what: &str) -> Result<(), ApiError> {
+    if s.len() > MAX_SELECTOR_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "the {what} is {} bytes long, more than the {MAX_SELECTOR_BYTES} bytes a selector may have",
+            s.len()
+        )));
+    }
+    Ok(())
+}
+
+impl Req {
+    fn key_and_values(&self) -> (&str, Vec<&str>) {
+        match self {
+            Req::Eq(k, v) | Req::Ne(k, v) => (k, vec![v.as_str()]),
+            Req::In(k, vs) | Req::NotIn(k, vs) => (k, vs.iter().map(String::as_str).collect()),
+            Req::Exists(k) | Req::NotExists(k) => (k, Vec::new()),
+        }
+    }
+}
+
+/// apimachinery's checks on a parsed label requirement.
+fn check_label_req(part: &str, req: &Req) -> Result<(), ApiError> {
+    let (key, values) = req.key_and_values();
+    let problems: Vec<String> = labels::qualified_name_errors(key)
+        .into_iter()
+        .map(|m| format!("key {key:?}: {m}"))
+        .chain(values.iter().flat_map(|v| labels::label_value_errors(v).into_iter().map(move |m| format!("value {v:?}: {m}"))))
+        .collect();
+    match problems.first() {
+        None => Ok(()),
+        Some(p) => Err(ApiError::bad_request(format!("unable to parse requirement {part:?} in labelSelector: {p}"))),
+    }
 }
 
 impl Selector {
@@ -49,10 +93,13 @@ impl Selector {
     /// # Errors
     /// 400 naming the part that cannot be parsed.
     pub fn labels(s: &str) -> Result<Selector, ApiError> {
+        check_length(s, "labelSelector")?;
         let mut reqs = Vec::new();
         for part in split_top(s) {
             let bad = || {
-                ApiError::bad_request(format!("unable to parse requirement {part:?} in labelSelector; use key=value, key!=value, key in (a,b), key notin (a,b), key or !key"))
+                ApiError::bad_request(format!(
+                    "unable to parse requirement {part:?} in labelSelector; use key=value, key!=value, key in (a,b), key notin (a,b), key or !key"
+                ))
             };
             if let Some(k) = part.strip_prefix('!') {
                 reqs.push(Req::NotExists(k.trim().to_owned()));
@@ -69,6 +116,9 @@ impl Selector {
             } else {
                 reqs.push(Req::Exists(part.to_owned()));
             }
+            if let Some(req) = reqs.last() {
+                check_label_req(part, req)?;
+            }
         }
         Ok(Selector { reqs })
     }
@@ -78,6 +128,7 @@ impl Selector {
     /// # Errors
     /// 400 naming the part that cannot be parsed.
     pub fn fields(s: &str) -> Result<Selector, ApiError> {
+        check_length(s, "fieldSelector")?;
         let mut reqs = Vec::new();
         for part in split_top(s) {
             if let Some((k, v)) = part.split_once("!=") {
@@ -122,8 +173,8 @@ impl Selector {
         self.reqs.iter().all(|r| match r {
             Req::Eq(k, v) => get(k) == Some(v.as_str()),
             Req::Ne(k, v) => get(k) != Some(v.as_str()),
-            Req::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
-            Req::NotIn(k, vs) => get(k).is_none_or(|x| vs.iter().all(|v| v != x)),
+            Req::In(k, vs) => get(k).is_some_and(|x| vs.contains(x)),
+            Req::NotIn(k, vs) => get(k).is_none_or(|x| !vs.contains(x)),
             Req::Exists(k) => get(k).is_some(),
             Req::NotExists(k) => get(k).is_none(),
         })
@@ -152,6 +203,26 @@ mod tests {
             assert_eq!(Selector::labels(sel).unwrap().matches_labels(&o), want, "{sel}");
         }
         assert!(Selector::labels("a in x").is_err());
+    }
+
+    #[test]
+    fn label_selectors_follow_apimachinerys_rules_and_have_a_length_limit() {
+        for bad in ["bad key=x", "app=has space", "a in ()", "a/b/c", &format!("app={}", "v".repeat(64))] {
+            let e = Selector::labels(bad).unwrap_err();
+            assert_eq!(e.code, 400, "{bad}");
+        }
+        assert!(Selector::labels("kubevirt.io/vm=my-vm,!x.io/y").is_ok());
+        let long = format!("a in ({})", vec!["v"; MAX_SELECTOR_BYTES].join(","));
+        assert!(Selector::labels(&long).unwrap_err().message.contains("bytes a selector may have"));
+        assert!(Selector::fields(&"a".repeat(MAX_SELECTOR_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn large_sets_match_by_lookup() {
+        let values: Vec<String> = (0..10_000).map(|i| format!("v{i}")).collect();
+        let sel = Selector::labels(&format!("app in ({})", values.join(","))).unwrap();
+        assert!(sel.matches_labels(&json!({"metadata": {"labels": {"app": "v9999"}}})));
+        assert!(!sel.matches_labels(&json!({"metadata": {"labels": {"app": "w"}}})));
     }
 
     #[test]

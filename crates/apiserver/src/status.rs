@@ -105,14 +105,35 @@ impl ApiError {
         Self::new(415, "UnsupportedMediaType", message)
     }
 
-    /// 413 RequestEntityTooLarge.
+    /// 413 RequestEntityTooLarge for a request body over the limit.
     #[must_use]
     pub fn too_large(limit: usize) -> Self {
-        Self::new(
-            413,
-            "RequestEntityTooLarge",
-            format!("the request body is larger than the limit of {limit} bytes; send a smaller object"),
-        )
+        Self::entity_too_large(format!("the request body is larger than the limit of {limit} bytes; send a smaller object"))
+    }
+
+    /// 413 RequestEntityTooLarge with Kubernetes' message prefix.
+    pub fn entity_too_large(message: impl Into<String>) -> Self {
+        Self::new(413, "RequestEntityTooLarge", format!("Request entity too large: {}", message.into()))
+    }
+
+    /// 504 Timeout for a read from a resourceVersion the store has not reached, exactly as
+    /// kube-apiserver's `NewTooLargeResourceVersionError` (client-go's
+    /// `isTooLargeResourceVersionError` looks for the cause; clients retry after a second).
+    #[must_use]
+    pub fn too_large_resource_version(requested: u64, current: u64) -> Self {
+        let mut e = Self::new(504, "Timeout", format!("Timeout: Too large resource version: {requested}, current: {current}"));
+        e.details = Some(json!({
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "retryAfterSeconds": 1,
+        }));
+        e
+    }
+
+    /// 429 TooManyRequests, to be retried after `retry_after` seconds.
+    pub fn too_many_requests(message: impl Into<String>, retry_after: u32) -> Self {
+        let mut e = Self::new(429, "TooManyRequests", message);
+        e.details = Some(json!({"retryAfterSeconds": retry_after}));
+        e
     }
 
     /// 410 Expired (watch or list from a compacted revision).
@@ -138,9 +159,23 @@ impl ApiError {
         Self::new(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
     }
 
+    /// 507 Insufficient Storage: the store refused a write for lack of space (nothing stored).
+    /// The reason stays `InternalError`, the closest Kubernetes reason, so client-go's
+    /// `IsInternalError` holds.
+    pub fn insufficient_storage(message: impl Into<String>) -> Self {
+        Self::new(507, "InternalError", message)
+    }
+
     /// 500 InternalError.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
+    }
+
+    /// The same error with another message.
+    #[must_use]
+    pub fn with_message(mut self, m: impl Into<String>) -> Self {
+        self.message = m.into();
+        self
     }
 
     /// The `Status` object.
@@ -160,6 +195,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (code, [(axum::http::header::CONTENT_TYPE, "application/json")], self.to_status().to_string()).into_response()
+        let mut resp = (code, [(axum::http::header::CONTENT_TYPE, "application/json")], self.to_status().to_string()).into_response();
+        // As kube-apiserver: a Status that says when to retry says it in the header too.
+        if let Some(secs) = self.details.as_ref().and_then(|d| d.get("retryAfterSeconds")).and_then(Value::as_u64) {
+            resp.headers_mut().insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        resp
     }
 }

@@ -2,8 +2,23 @@
 //! initial events of a streaming list, and an `ERROR` 410 `Expired` when the start revision was
 //! compacted or the watcher fell too far behind (the client then lists again, as kube-runtime's
 //! watcher and client-go's reflector do).
+//!
+//! # Limits
+//! - At most [`MAX_WATCHES`] watches per server at once ([`WatchSlots`]); more are 429 with
+//!   `Retry-After`.
+//! - `timeoutSeconds` is capped at [`MAX_WATCH_TIMEOUT`] (see `query`), and the deadline is
+//!   computed with checked arithmetic.
+//!
+//! # A resourceVersion newer than the store
+//! The stream waits up to [`FRESHNESS_WAIT`] for the store to reach it, then serves normally;
+//! if it does not, the stream carries one `ERROR` event with kube-apiserver's 504 "Too large
+//! resource version" Status and ends. (kube-apiserver's watch cache answers so for a streaming
+//! list, and keeps a plain watch open; here the store is the source of truth, so a revision it
+//! has not reached can only come from another store - e.g. one that was reset - and waiting for
+//! it would silently skip every event up to it.)
 
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -12,16 +27,90 @@ use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::limits::{FRESHNESS_WAIT, MAX_WATCHES, MAX_WATCH_TIMEOUT};
 use crate::objects::Objects;
+use crate::query::ListOptions;
 use crate::registry::ResourceDef;
 use crate::routes::{stream_response, DEFAULT_WATCH_TIMEOUT};
 use crate::selectors::Selector;
 use crate::status::ApiError;
-use crate::store::{Event, EventType, StoreError};
+use crate::store::{Event, EventType, Store, StoreError};
 use crate::table;
 
 /// How often an idle watch with `allowWatchBookmarks` gets a BOOKMARK.
 const BOOKMARK_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts the open watches of one server.
+#[derive(Clone, Debug)]
+pub struct WatchSlots {
+    open: Arc<AtomicUsize>,
+    max: usize,
+}
+
+impl Default for WatchSlots {
+    fn default() -> Self {
+        WatchSlots::new(MAX_WATCHES)
+    }
+}
+
+/// One open watch; its slot is freed when it is dropped.
+pub struct WatchSlot(Arc<AtomicUsize>);
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl WatchSlots {
+    /// At most `max` watches at once.
+    #[must_use]
+    pub fn new(max: usize) -> Self {
+        WatchSlots { open: Arc::new(AtomicUsize::new(0)), max }
+    }
+
+    /// Takes a slot, or `None` when all are taken.
+    #[must_use]
+    pub fn try_acquire(&self) -> Option<WatchSlot> {
+        self.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max).then_some(n + 1)).ok()?;
+        Some(WatchSlot(Arc::clone(&self.open)))
+    }
+
+    /// How many watches are open.
+    #[must_use]
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
+/// Waits until the store has reached revision `rv`, for at most `within`.
+///
+/// # Errors
+/// 504 "Too large resource version" (kube-apiserver's Status) when it has not by then.
+pub async fn wait_for_revision(store: &Store, rv: u64, within: Duration) -> Result<(), ApiError> {
+    if store.revision() >= rv {
+        return Ok(());
+    }
+    let deadline = tokio::time::Instant::now() + within.min(MAX_WATCH_TIMEOUT);
+    // Subscribe first, then look: a write between the two is seen by one or the other.
+    let mut live = match store.watch(u64::MAX) {
+        Ok((_, live)) => live,
+        Err(e) => return Err(ApiError::internal(e.to_string())),
+    };
+    loop {
+        let current = store.revision();
+        if current >= rv {
+            return Ok(());
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => return Err(ApiError::too_large_resource_version(rv, store.revision())),
+            got = live.recv() => match got {
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return Err(ApiError::too_large_resource_version(rv, current)),
+            }
+        }
+    }
+}
 
 struct Filter {
     prefix: String,
@@ -39,62 +128,76 @@ impl Filter {
     }
 }
 
+/// Where a stream starts.
+struct Start {
+    rv: u64,
+    /// Synthetic ADDED events for "from now, with the state".
+    initial: Vec<Event>,
+    backlog: Vec<Event>,
+    live: broadcast::Receiver<Event>,
+}
+
+/// Opens a stream: waits for a revision the store has not reached yet (504 when it does not
+/// come), lists the initial state when asked for, and subscribes (410 for a compacted start).
+async fn open(store: &Store, filter: &Filter, requested: Option<u64>, initial_events: bool) -> Result<Start, ApiError> {
+    if let Some(rv) = requested.filter(|rv| *rv > 0) {
+        wait_for_revision(store, rv, FRESHNESS_WAIT).await?;
+    }
+    let (rv, initial): (u64, Vec<Event>) = match requested {
+        Some(rv) if rv > 0 && !initial_events => (rv, Vec::new()),
+        _ => {
+            let (rv, items) = store.list(&filter.prefix, None);
+            let initial = items
+                .into_iter()
+                .filter(|(k, s)| filter.matches(k, &s.object))
+                .map(|(key, s)| Event { rv: s.rv, key, kind: EventType::Added, object: s.object })
+                .collect();
+            (rv, initial)
+        }
+    };
+    let (backlog, live) = store.watch(rv).map_err(|e| match e {
+        StoreError::Compacted { requested, oldest } => ApiError::expired(requested, oldest),
+        e => ApiError::internal(e.to_string()),
+    })?;
+    Ok(Start { rv, initial, backlog, live })
+}
+
 /// Starts a watch.
 ///
 /// # Errors
-/// 400 for bad selectors or parameters. A compacted start revision is reported in the stream.
+/// 429 when [`MAX_WATCHES`] are open. A compacted or too new start revision is reported in the
+/// stream.
 pub fn serve(
     objects: &Objects,
+    slots: &WatchSlots,
     def: &'static ResourceDef,
     ns: Option<&str>,
     name: Option<&str>,
-    query: &HashMap<String, String>,
+    opts: &ListOptions,
     accept: &str,
 ) -> Result<Response, ApiError> {
-    let filter = Filter {
-        prefix: def.prefix(ns),
-        name: name.map(str::to_owned),
-        labels: Selector::labels(query.get("labelSelector").map_or("", String::as_str))?,
-        fields: Selector::fields(query.get("fieldSelector").map_or("", String::as_str))?,
-    };
-    let timeout = match query.get("timeoutSeconds") {
-        Some(t) => Duration::from_secs(t.parse().map_err(|_| ApiError::bad_request(format!("timeoutSeconds {t:?} is not a number")))?),
-        None => DEFAULT_WATCH_TIMEOUT,
-    };
-    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|v| v == "true" || v == "1");
-    let initial_events = query.get("sendInitialEvents").is_some_and(|v| v == "true");
-    let rv_param = query.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let slot = slots.try_acquire().ok_or_else(|| {
+        ApiError::too_many_requests(format!("too many watches are open on this server (at most {}); retry later", slots.max), 1)
+    })?;
+    let filter = Filter { prefix: def.prefix(ns), name: name.map(str::to_owned), labels: opts.labels.clone(), fields: opts.fields.clone() };
+    let timeout = opts.timeout.unwrap_or(DEFAULT_WATCH_TIMEOUT).min(MAX_WATCH_TIMEOUT);
+    let bookmarks = opts.bookmarks;
+    let initial_events = opts.send_initial_events;
+    let requested = opts.resource_version;
     let as_table = table::wants_table(accept);
     let store = objects.store.clone();
-
-    // Where the stream starts, and the synthetic ADDED events for "from now, with the state".
-    let (start, initial): (u64, Vec<Event>) = if rv_param.is_empty() || rv_param == "0" || initial_events {
-        let (rv, items) = store.list(&filter.prefix, None);
-        let initial = items
-            .into_iter()
-            .filter(|(k, s)| filter.matches(k, &s.object))
-            .map(|(key, s)| Event { rv: s.rv, key, kind: EventType::Added, object: s.object })
-            .collect();
-        (rv, initial)
-    } else {
-        (rv_param.parse().map_err(|_| ApiError::bad_request(format!("resourceVersion {rv_param:?} is not a number")))?, Vec::new())
-    };
     let (tx, rx) = mpsc::channel::<Result<String, std::io::Error>>(64);
-    let watched = store.watch(start);
     tokio::spawn(async move {
+        let _slot = slot;
         let mut enc = Encoder { def, as_table, header_sent: false };
         let send = |line: String| {
             let tx = tx.clone();
             async move { tx.send(Ok(line)).await.is_ok() }
         };
-        let (backlog, mut live) = match watched {
-            Ok(w) => w,
-            Err(StoreError::Compacted { requested, oldest }) => {
-                let _ = send(error_line(&ApiError::expired(requested, oldest))).await;
-                return;
-            }
+        let Start { rv: start, initial, backlog, mut live } = match open(&store, &filter, requested, initial_events).await {
+            Ok(s) => s,
             Err(e) => {
-                let _ = send(error_line(&ApiError::internal(e.to_string()))).await;
+                let _ = send(error_line(&e)).await;
                 return;
             }
         };
@@ -117,7 +220,8 @@ pub fn serve(
             }
             last = last.max(e.rv);
         }
-        let deadline = tokio::time::Instant::now() + timeout;
+        let now = tokio::time::Instant::now();
+        let deadline = now.checked_add(timeout).unwrap_or(now + MAX_WATCH_TIMEOUT);
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + BOOKMARK_EVERY, BOOKMARK_EVERY);
         loop {
             tokio::select! {
@@ -169,5 +273,37 @@ impl Encoder {
             (*e.object).clone()
         };
         format!("{}\n", json!({"type": e.kind.as_str(), "object": object}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_slots_refuse_past_the_limit_and_free_on_drop() {
+        let slots = WatchSlots::new(2);
+        let a = slots.try_acquire().unwrap();
+        let _b = slots.try_acquire().unwrap();
+        assert!(slots.try_acquire().is_none());
+        drop(a);
+        assert_eq!(slots.open(), 1);
+        assert!(slots.try_acquire().is_some());
+    }
+
+    #[tokio::test]
+    async fn waiting_for_a_revision_ends_when_it_arrives_or_with_504() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db"), &crate::StoreConfig::default()).unwrap();
+        let e = wait_for_revision(&store, store.revision() + 5, Duration::from_millis(50)).await.unwrap_err();
+        assert_eq!((e.code, e.reason), (504, "Timeout"));
+        let target = store.revision() + 1;
+        let writer = store.clone();
+        let w = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            writer.write(crate::store::Op::Create { key: "/x".into(), object: serde_json::json!({"metadata": {}}) }).await
+        });
+        wait_for_revision(&store, target, Duration::from_secs(10)).await.unwrap();
+        w.await.unwrap().unwrap();
     }
 }

@@ -1,0 +1,125 @@
+//! Entry points for the fuzz targets: each takes raw bytes from the fuzzer and runs them through
+//! the same parsing and limit checks a request goes through, without a store or a socket.
+//!
+//! # Contract
+//! None of these functions may panic, overflow, recurse without bound or take time or memory
+//! beyond the limits of [`crate::limits`], whatever the input: a fuzzer that finds one that does
+//! has found a bug. They return nothing; the answer a client would get is not checked here
+//! (the unit and integration tests do that).
+//!
+//! | function | surface |
+//! |---|---|
+//! | [`request_body`] | a create/update/patch body per `Content-Type` (JSON, YAML, JSON patch, merge patch, strategic merge patch, apply) |
+//! | [`patch`] | a patch of each kind applied to a fuzzer-chosen current object |
+//! | [`query`] | a query string: selectors, `limit`, `continue`, `resourceVersion`(`Match`), `timeoutSeconds`, `gracePeriodSeconds` |
+
+use serde_json::{json, Value};
+
+use crate::patch::{Patch, PatchKind};
+use crate::query::{self, ListOptions};
+use crate::{body, labels, limits, list, registry};
+
+/// The object the body fuzzers patch when the input does not give one.
+fn sample() -> Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": "fuzz", "namespace": "default", "labels": {"app": "fuzz"}, "resourceVersion": "5"},
+        "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {"disks": [{"name": "root"}]}}}}}
+    })
+}
+
+/// Runs the checks every stored object goes through.
+fn check_stored(obj: &Value) {
+    if let Some(def) = registry::find("kubevirt.io", "v1", "virtualmachines") {
+        let _ = limits::check_object(def, "fuzz", obj);
+    }
+    let _ = labels::causes(obj);
+}
+
+/// A request body sent with `content_type`: patch content types are parsed as that patch and
+/// applied to a sample object; any other is parsed as an object (JSON, or YAML when the type
+/// says so). The result goes through the checks before storing.
+pub fn request_body(content_type: &str, body: &[u8]) {
+    match PatchKind::from_content_type(content_type) {
+        Some(kind) => {
+            if let Ok(p) = Patch::parse(kind, body) {
+                let _ = p.carries_rv();
+                if let Ok(out) = p.apply(&sample()) {
+                    check_stored(&out);
+                }
+            }
+        }
+        None => {
+            if let Ok(obj) = body::parse_object(content_type, body) {
+                check_stored(&obj);
+            }
+        }
+    }
+}
+
+/// A patch of kind `kind_index % 4` (JSON, merge, strategic, apply) with body `body` applied to
+/// `current` (JSON; the sample object when it is not a JSON object).
+pub fn patch(kind_index: u8, current: &[u8], body: &[u8]) {
+    let kind = [PatchKind::Json, PatchKind::Merge, PatchKind::Strategic, PatchKind::Apply][usize::from(kind_index % 4)];
+    let current = serde_json::from_slice::<Value>(current).ok().filter(Value::is_object).unwrap_or_else(sample);
+    if let Ok(p) = Patch::parse(kind, body) {
+        if let Ok(out) = p.apply(&current) {
+            check_stored(&out);
+        }
+    }
+}
+
+/// A query string (without `?`), parsed as a read's options; a `continue` token in it is decoded
+/// for a namespaced list of VMs on a store at revision 100 that keeps revisions from 10.
+pub fn query(q: &str) {
+    let params = query::params(Some(q));
+    let _ = query::grace_period(&params);
+    let Ok(opts) = ListOptions::parse(&params) else { return };
+    if let Some(token) = &opts.continue_token {
+        let _ = list::decode(token, "/kubevirt.io/virtualmachines/default/", 100, 10);
+    }
+    let obj = sample();
+    let _ = opts.labels.matches_labels(&obj);
+    let _ = opts.fields.matches_fields(&obj);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_points_take_anything() {
+        let deep = "[".repeat(10_000);
+        let inputs: [&[u8]; 6] =
+            [b"", b"{", b"\xff\xfe", b"[{\"op\":\"copy\",\"from\":\"\",\"path\":\"/a\"}]", deep.as_bytes(), b"a: &a [*a]"];
+        for ct in [
+            "application/json",
+            "application/yaml",
+            "application/json-patch+json",
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+            "application/apply-patch+yaml",
+            "",
+        ] {
+            for body in inputs {
+                request_body(ct, body);
+            }
+        }
+        for k in 0..4 {
+            for body in inputs {
+                patch(k, b"{\"a\":[1,2,3]}", body);
+                patch(k, body, b"{\"a\":null}");
+            }
+        }
+        for q in [
+            "limit=-9223372036854775808",
+            "timeoutSeconds=9223372036854775807",
+            "continue=%00",
+            "labelSelector=a+in+(",
+            "resourceVersion=99999999999999999999",
+            "fieldSelector=%ff",
+        ] {
+            query(q);
+        }
+    }
+}

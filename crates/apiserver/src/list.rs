@@ -1,0 +1,194 @@
+//! Lists: selectors, pages with `continue` tokens, and `resourceVersion` as kube-apiserver
+//! answers it.
+//!
+//! # Continue tokens
+//! A token is kube-apiserver's (base64url of `{"v":"meta.k8s.io/v1","rv":N,"start":KEY}`, with
+//! KEY relative to the list's key prefix, so it cannot name anything outside the list) plus the
+//! prefix it was issued for. A token that does not decode, names another version, an empty or
+//! unclean start key, another list (resource or namespace), revision 0 or a revision the store
+//! has not reached is 400 BadRequest (`invalid continue token: continue key is not valid: ...`);
+//! one older than the watch window is 410 Expired. A token is never silently ignored or
+//! reinterpreted, so no item is skipped or repeated because of one.
+//!
+//! # resourceVersion
+//! Empty: the current state. `0`: any state (the current one). `N` (NotOlderThan): at least N;
+//! when the store has not reached N the list waits up to [`FRESHNESS_WAIT`] for it, then answers
+//! 504 "Too large resource version" (kube-apiserver's watch cache does the same). `Exact`: N only
+//! (410 once the store has moved past N, since lists are served from the current state).
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::Response;
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::limits::FRESHNESS_WAIT;
+use crate::objects::Objects;
+use crate::query::{ListOptions, RvMatch};
+use crate::registry::ResourceDef;
+use crate::routes::json_response;
+use crate::status::ApiError;
+use crate::{table, watch};
+
+/// The only token version issued and accepted.
+const TOKEN_VERSION: &str = "meta.k8s.io/v1";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Token {
+    v: String,
+    rv: u64,
+    /// The last key returned, relative to `prefix`; the next page starts after it.
+    start: String,
+    prefix: String,
+}
+
+/// A decoded continue token.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Continue {
+    /// The revision of the first page.
+    pub rv: u64,
+    /// The full store key after which the next page starts.
+    pub after: String,
+}
+
+/// The token for the page after `last_key` of the list of `prefix` at revision `rv`.
+#[must_use]
+pub fn encode(prefix: &str, rv: u64, last_key: &str) -> String {
+    let start = last_key.strip_prefix(prefix).unwrap_or(last_key).to_owned();
+    let token = Token { v: TOKEN_VERSION.to_owned(), rv, start, prefix: prefix.to_owned() };
+    // Serialising a struct of strings and a number cannot fail.
+    let json = serde_json::to_vec(&token).unwrap_or_default();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+}
+
+/// Decodes and checks a token for the list of `prefix` on a store at `revision` whose oldest
+/// kept revision is `oldest`.
+///
+/// # Errors
+/// 400 for a token that is not one this list issued (see the module docs); 410 when it is older
+/// than the store keeps.
+pub fn decode(token: &str, prefix: &str, revision: u64, oldest: u64) -> Result<Continue, ApiError> {
+    let invalid = |why: String| {
+        ApiError::bad_request(format!("invalid continue token: continue key is not valid: {why}; start the list again without continue"))
+    };
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).map_err(|e| invalid(e.to_string()))?;
+    let t: Token = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+    if t.v != TOKEN_VERSION {
+        return Err(invalid("server does not recognize this encoded version".to_owned()));
+    }
+    if t.rv == 0 {
+        return Err(invalid(format!("incorrect encoded start resourceVersion (version {TOKEN_VERSION})")));
+    }
+    if t.start.is_empty() {
+        return Err(invalid(format!("encoded start key empty (version {TOKEN_VERSION})")));
+    }
+    // A relative key is a name or NAMESPACE/NAME: nothing that could climb out of the prefix.
+    let segments: Vec<&str> = t.start.split('/').collect();
+    if segments.len() > 2 || segments.iter().any(|s| s.is_empty() || *s == "." || *s == "..") {
+        return Err(invalid(format!("encoded start key {:?} is not a key of this list", t.start)));
+    }
+    if t.prefix != prefix {
+        return Err(invalid(format!("it was issued for the list of {:?}, not of {prefix:?}", t.prefix)));
+    }
+    if t.rv > revision {
+        return Err(invalid(format!("its resourceVersion {} is newer than the store's {revision}", t.rv)));
+    }
+    if t.rv < oldest {
+        return Err(ApiError::expired(t.rv, oldest).with_message(
+            "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+        ));
+    }
+    Ok(Continue { rv: t.rv, after: format!("{prefix}{}", t.start) })
+}
+
+/// Serves a list (JSON or Table).
+///
+/// # Errors
+/// 400/410 for a bad continue token, 504 for a resourceVersion the store does not reach in
+/// time, 410 for an `Exact` resourceVersion that is gone.
+pub async fn serve(objects: &Objects, def: &ResourceDef, ns: Option<&str>, opts: &ListOptions, accept: &str) -> Result<Response, ApiError> {
+    let prefix = def.prefix(ns);
+    let cont = match &opts.continue_token {
+        Some(c) => Some(decode(c, &prefix, objects.store.revision(), objects.store.oldest())?),
+        None => None,
+    };
+    if let Some(rv) = opts.resource_version.filter(|rv| *rv > 0) {
+        watch::wait_for_revision(&objects.store, rv, FRESHNESS_WAIT).await?;
+    }
+    let (current_rv, items) = objects.list(def, ns, cont.as_ref().map(|c| c.after.as_str()));
+    if let (Some(rv), Some(RvMatch::Exact)) = (opts.resource_version, opts.rv_match) {
+        if rv != current_rv {
+            return Err(ApiError::expired(rv, current_rv));
+        }
+    }
+    let list_rv = cont.as_ref().map_or(current_rv, |c| c.rv);
+    let mut selected: Vec<(&String, &Arc<Value>)> = Vec::new();
+    let mut next = None;
+    for (key, obj) in &items {
+        if !(opts.labels.matches_labels(obj) && opts.fields.matches_fields(obj)) {
+            continue;
+        }
+        if opts.limit.is_some_and(|l| selected.len() >= l) {
+            next = selected.last().map(|(k, _)| (*k).clone());
+            break;
+        }
+        selected.push((key, obj));
+    }
+    let mut meta = json!({"resourceVersion": list_rv.to_string()});
+    if let Some(last) = next {
+        meta["continue"] = json!(encode(&prefix, list_rv, &last));
+    }
+    let objs: Vec<&Value> = selected.iter().map(|(_, o)| o.as_ref()).collect();
+    if table::wants_table(accept) {
+        return Ok(json_response(StatusCode::OK, &table::table(def, &objs, &meta, &opts.include_object)));
+    }
+    let body = json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": meta, "items": objs});
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: &str = "/kubevirt.io/virtualmachines/default/";
+
+    fn raw(v: &Value) -> String {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    }
+
+    #[test]
+    fn a_token_round_trips_for_its_own_list() {
+        let t = encode(P, 7, &format!("{P}vm-09"));
+        assert_eq!(decode(&t, P, 9, 1).unwrap(), Continue { rv: 7, after: format!("{P}vm-09") });
+    }
+
+    #[test]
+    fn tampered_tokens_are_400_and_old_ones_410() {
+        let good = json!({"v": "meta.k8s.io/v1", "rv": 7, "start": "vm-09", "prefix": P});
+        let with = |k: &str, v: Value| {
+            let mut t = good.clone();
+            t[k] = v;
+            raw(&t)
+        };
+        for (what, token) in [
+            ("bad base64", "!!!".to_owned()),
+            ("bad JSON", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("{")),
+            ("other version", with("v", json!("v2"))),
+            ("revision 0", with("rv", json!(0))),
+            ("negative revision", with("rv", json!(-1))),
+            ("empty start", with("start", json!(""))),
+            ("climbing start", with("start", json!("../../secrets/x"))),
+            ("other namespace", with("prefix", json!("/kubevirt.io/virtualmachines/other/"))),
+            ("other resource", with("prefix", json!("/cdi.kubevirt.io/datavolumes/default/"))),
+            ("future revision", with("rv", json!(10))),
+            ("no prefix", raw(&json!({"v": "meta.k8s.io/v1", "rv": 7, "start": "vm-09"}))),
+        ] {
+            let e = decode(&token, P, 9, 1).unwrap_err();
+            assert_eq!(e.code, 400, "{what}: {}", e.message);
+            assert!(e.message.starts_with("invalid continue token: continue key is not valid"), "{what}: {}", e.message);
+        }
+        let e = decode(&with("rv", json!(3)), P, 9, 5).unwrap_err();
+        assert_eq!((e.code, e.reason), (410, "Expired"));
+    }
+}
