@@ -6,17 +6,30 @@
 //!
 //! - [`store`]: SQLite store, global revision, changelog, broadcast.
 //! - [`objects`]: the verbs and their metadata rules.
-//! - [`routes`], [`watch`], [`table`], [`openapi`]: the HTTP surface.
+//! - [`routes`], [`watch`], [`list`], [`table`], [`openapi`]: the HTTP surface; [`query`],
+//!   [`body`], [`patch`], [`selectors`], [`labels`]: parsing and checking what a request sends;
+//!   [`limits`]: every bound on a request and a stored object; [`fuzzing`]: fuzz entry points.
 //! - [`gc`]: owner-reference and namespace garbage collection.
-//! - [`pki`]: CA, serving certificate and token, created on first start.
+//! - [`pki`]: CA, serving certificate and token, created on first start; [`files`]: the data
+//!   dir's ownership and modes.
+//! - [`conn`]: connection limits and timeouts; [`health`]: `/readyz` over the long-lived tasks.
 
+pub mod body;
+pub mod conn;
+pub mod files;
+pub mod fuzzing;
 pub mod gc;
+pub mod health;
+pub mod labels;
 pub mod lifecycle;
+pub mod limits;
+pub mod list;
 pub mod metrics;
 pub mod objects;
 pub mod openapi;
 pub mod patch;
 pub mod pki;
+pub mod query;
 pub mod registry;
 pub mod routes;
 pub mod selectors;
@@ -30,13 +43,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use http::{Method, StatusCode};
 use serde_json::json;
+use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken as CancelToken;
 
@@ -50,12 +64,8 @@ pub enum ServerError {
     Store(#[from] store::StoreError),
     #[error(transparent)]
     Pki(#[from] pki::PkiError),
-    #[error("cannot create the data dir {path}")]
-    DataDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Files(#[from] files::FileError),
     #[error("the TLS configuration is invalid")]
     Tls(#[source] rustls::Error),
     #[error("cannot listen on {addr}")]
@@ -78,6 +88,11 @@ pub struct Config {
     /// VM admission enforces [`api::invariants`] (default). Turned off only to model a cluster
     /// without virtplug's admission, where broken specs exist and self-heal must find them.
     pub enforce_invariants: bool,
+    /// Connection limits and timeouts of [`Server::serve_tls`].
+    pub connections: conn::Limits,
+    /// Events last seen longer ago are deleted by the garbage collector (kube-apiserver's
+    /// `--event-ttl`, default 1 h); `None` keeps them forever.
+    pub event_ttl: Option<std::time::Duration>,
 }
 
 impl Config {
@@ -90,6 +105,8 @@ impl Config {
             body_limit: 3 * 1024 * 1024,
             metrics: None,
             enforce_invariants: true,
+            connections: conn::Limits::default(),
+            event_ttl: Some(std::time::Duration::from_secs(3600)),
         }
     }
 }
@@ -99,6 +116,8 @@ pub struct Server {
     state: Arc<routes::ApiState>,
     credentials: pki::Credentials,
     data_dir: PathBuf,
+    health: health::Health,
+    connections: conn::Limits,
 }
 
 /// The Kubernetes version this server reports (kubectl's dispatcher picks its binary by it).
@@ -108,11 +127,31 @@ impl Server {
     /// Opens the store in the data dir, creates credentials on first start, makes sure the
     /// `default` namespace exists and starts the garbage collector.
     ///
+    /// The data dir must belong to this user; it and `pki/` are made 0700, the store's files
+    /// 0600 (see [`files`]). The garbage collector and the store's writer thread are watched by
+    /// [`Server::health`].
+    ///
     /// # Errors
-    /// When the data dir, store or credentials cannot be created or read.
+    /// When the data dir, store or credentials cannot be created or read, or the data dir
+    /// belongs to another user.
     pub async fn open(config: &Config, listen: Option<SocketAddr>) -> Result<Server, ServerError> {
-        std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::DataDir { path: config.data_dir.clone(), source })?;
-        let store = Store::open(&config.data_dir.join("store.db"), &config.store)?;
+        files::private_dir(&config.data_dir)?;
+        let db = config.data_dir.join("store.db");
+        // SQLite gives the -wal and -shm files the mode of the database file.
+        files::private_file(&db)?;
+        for side in ["store.db-wal", "store.db-shm"] {
+            files::tighten_existing(&config.data_dir.join(side), 0o600)?;
+        }
+        let store = Store::open(&db, &config.store)?;
+        let health = health::Health::new();
+        health.register(STORE_WRITER);
+        {
+            let (store, health) = (store.clone(), health.clone());
+            tokio::spawn(async move {
+                let reason = store.writer_stopped().await;
+                health.fail(STORE_WRITER, reason);
+            });
+        }
         let credentials = pki::ensure(&config.data_dir.join("pki"), listen.map(|a| a.ip()))?;
         let objects = Objects { store, enforce_invariants: config.enforce_invariants };
         let nsdef = registry::find("", "v1", "namespaces");
@@ -121,14 +160,27 @@ impl Server {
                 let _ = objects.create(nsdef, None, json!({"metadata": {"name": ns}}), false).await;
             }
         }
-        tokio::spawn(gc::run(objects.clone()));
+        let gc_objects = objects.clone();
+        let event_ttl = config.event_ttl;
+        health.spawn(GARBAGE_COLLECTOR, async move {
+            gc::run(gc_objects, event_ttl).await;
+            Ok::<(), std::convert::Infallible>(())
+        });
         let state = Arc::new(routes::ApiState {
             objects,
             body_limit: config.body_limit,
             git_version: GIT_VERSION.to_owned(),
             metrics: config.metrics.clone(),
+            watches: watch::WatchSlots::default(),
         });
-        Ok(Server { state, credentials, data_dir: config.data_dir.clone() })
+        Ok(Server { state, credentials, data_dir: config.data_dir.clone(), health, connections: config.connections.clone() })
+    }
+
+    /// The liveness of the server's long-lived tasks; `/readyz` answers from it, and an embedder
+    /// (`virtplug up`) starts its own components with [`health::Health::spawn`] to be covered too.
+    #[must_use]
+    pub fn health(&self) -> &health::Health {
+        &self.health
     }
 
     /// The object verbs, for in-process use.
@@ -151,12 +203,19 @@ impl Server {
 
     /// Routes without authentication: for an in-process `kube::Client`, never for a socket.
     pub fn local_router(&self) -> Router {
-        Router::new().fallback(routes::dispatch).with_state(Arc::clone(&self.state))
+        let health = self.health.clone();
+        Router::new().fallback(routes::dispatch).with_state(Arc::clone(&self.state)).layer(middleware::from_fn(
+            move |req: Request, next: Next| {
+                let health = health.clone();
+                async move { readyz(&health, req, next).await }
+            },
+        ))
     }
 
-    /// Routes that require the bearer token, except `/healthz`, `/readyz`, `/livez`, `/version`.
+    /// Routes that require the bearer token, except GET of `/healthz`, `/readyz`, `/livez`,
+    /// `/version`.
     pub fn router(&self) -> Router {
-        let token = Arc::new(format!("Bearer {}", self.credentials.token));
+        let token: Arc<[u8]> = format!("Bearer {}", self.credentials.token).into_bytes().into();
         self.local_router().layer(middleware::from_fn(move |req: Request, next: Next| {
             let token = Arc::clone(&token);
             async move { authenticate(&token, req, next).await }
@@ -182,39 +241,16 @@ impl Server {
     }
 
     /// Serves HTTPS on `listener` until `shutdown` fires; open connections are then dropped.
+    /// Connections are limited and timed out as [`conn`] describes ([`Config::connections`]);
+    /// the process's soft open-files limit is raised to its hard limit.
     ///
     /// # Errors
     /// When the TLS configuration cannot be built from the credentials.
     pub async fn serve_tls(&self, listener: TcpListener, shutdown: CancelToken) -> Result<(), ServerError> {
         let tls = self.tls_config()?;
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-        let app = self.router();
-        loop {
-            let (tcp, _) = tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                r = listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        continue;
-                    }
-                },
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let app = app.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let Ok(stream) = acceptor.accept(tcp).await else { return };
-                let svc = hyper_util::service::TowerToHyperService::new(app);
-                let builder = auto::Builder::new(TokioExecutor::new());
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-                tokio::select! {
-                    _ = conn => {}
-                    () = shutdown.cancelled() => {}
-                }
-            });
-        }
+        conn::serve(listener, acceptor, self.router(), self.connections.clone(), shutdown).await;
+        Ok(())
     }
 
     fn tls_config(&self) -> Result<rustls::ServerConfig, ServerError> {
@@ -229,12 +265,51 @@ impl Server {
     }
 }
 
-async fn authenticate(token: &str, req: Request, next: Next) -> Response {
-    let public = matches!(req.uri().path(), "/healthz" | "/readyz" | "/livez" | "/version" | "/version/");
-    let ok = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) == Some(token);
-    if public || ok {
-        next.run(req).await
-    } else {
-        status::ApiError::unauthorized().into_response()
+/// Component names in [`Server::health`].
+pub const STORE_WRITER: &str = "store-writer";
+pub const GARBAGE_COLLECTOR: &str = "garbage-collector";
+
+/// Marks a request served without credentials (public endpoints).
+#[derive(Clone, Copy)]
+struct Anonymous;
+
+fn is_public(req: &Request) -> bool {
+    matches!(*req.method(), Method::GET | Method::HEAD)
+        && matches!(req.uri().path(), "/healthz" | "/readyz" | "/livez" | "/version" | "/healthz/" | "/readyz/" | "/livez/" | "/version/")
+}
+
+/// Lets a request through if it carries the token (compared in constant time) or is a GET of a
+/// public endpoint; answers 401 otherwise. Either way the body of a request without the token
+/// is never read: a rejected request is answered before its body is polled (HTTP/1 then closes
+/// the connection instead of draining it; HTTP/2 resets the stream), and a public one has its
+/// body replaced by an empty one. Public endpoints are GET-only, so junk methods from
+/// anonymous clients never reach the handlers (or their per-method metrics).
+async fn authenticate(token: &[u8], req: Request, next: Next) -> Response {
+    let given = req.headers().get(http::header::AUTHORIZATION).map(http::HeaderValue::as_bytes);
+    // `ct_eq` on slices of different lengths is false at once: the length of "Bearer " plus
+    // 64 hex digits is no secret; for equal lengths the time does not depend on the bytes.
+    if given.is_some_and(|g| bool::from(g.ct_eq(token))) {
+        return next.run(req).await;
     }
+    if is_public(&req) {
+        let (parts, _unread) = req.into_parts();
+        let mut req = Request::from_parts(parts, Body::empty());
+        req.extensions_mut().insert(Anonymous);
+        return next.run(req).await;
+    }
+    status::ApiError::unauthorized().into_response()
+}
+
+/// `/readyz`: 503 naming every dead component (with the reason for authenticated callers,
+/// "reason withheld" for anonymous ones, as kube-apiserver), 200 `ok` otherwise;
+/// `?verbose` lists every component.
+async fn readyz(health: &health::Health, req: Request, next: Next) -> Response {
+    if !(req.method() == Method::GET && matches!(req.uri().path(), "/readyz" | "/readyz/")) {
+        return next.run(req).await;
+    }
+    let detailed = req.extensions().get::<Anonymous>().is_none();
+    let verbose = req.uri().query().is_some_and(|q| q.split('&').any(|p| p == "verbose" || p.starts_with("verbose=")));
+    let (ok, body) = health::readyz_body(health, detailed, verbose);
+    let code = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
 }

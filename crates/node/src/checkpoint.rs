@@ -4,8 +4,13 @@
 //! What is recorded is only what QEMU cannot tell after a restart: which VMI a QEMU belongs to
 //! ([`VmiRecord`], next to the QEMU's run dir), and in bind-mount mode the targets made in its
 //! namespace (`mounts.json`, see [`crate::bindmount`]). What is attached is asked of QEMU.
+//!
+//! Run dirs are private (0700: the QMP socket in them controls a root QEMU) and so are the files
+//! the agent creates there (0600: records, `emptyDisk` images), from their creation.
 
-use std::io::Write;
+use std::ffi::OsStr;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -31,22 +36,58 @@ pub struct CheckpointError {
     pub source: std::io::Error,
 }
 
-/// Writes `bytes` to `path` atomically and durably.
+/// Writes `bytes` to `path` atomically and durably, mode 0600.
+///
+/// # Flow
+/// A temp file unique to this call (`.NAME.<random>.tmp` next to `path`, `O_CREAT|O_EXCL`, mode
+/// 0600: never shared with another target or another writer, never readable by others), write,
+/// fsync, rename over `path`, fsync the directory. A missing directory is created 0700.
 ///
 /// # Errors
-/// When any step fails; `path` then still holds its previous content (or does not exist).
+/// When any step fails; `path` then still holds its previous content (or does not exist), and
+/// the temp file is removed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let err = |what| move |source| CheckpointError { what, path: path.to_owned(), source };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(err("create the directory of"))?;
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(err("create a temp file for"))?;
-    f.write_all(bytes).map_err(err("write"))?;
-    f.sync_all().map_err(err("fsync"))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    create_private_dir(dir).map_err(err("create the directory of"))?;
+    let name = path.file_name().ok_or_else(|| err("write")(io::Error::new(io::ErrorKind::InvalidInput, "the path names no file")))?;
+    let (tmp, mut f) = create_temp(dir, name).map_err(err("create a temp file for"))?;
+    let written = f.write_all(bytes).map_err(err("write")).and_then(|()| f.sync_all().map_err(err("fsync")));
     drop(f);
-    std::fs::rename(&tmp, path).map_err(err("rename into"))?;
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path).map_err(err("rename into"))) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err("fsync the directory of"))?;
     Ok(())
+}
+
+fn create_temp(dir: &Path, name: &OsStr) -> io::Result<(PathBuf, std::fs::File)> {
+    for _ in 0..8 {
+        let tmp = dir.join(format!(".{}.{:016x}.tmp", name.to_string_lossy(), rand::random::<u64>()));
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp) {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AlreadyExists, "no unused temp file name after 8 tries"))
+}
+
+/// Creates `dir` (and missing parents) with mode 0700; an existing one is left as it is.
+///
+/// # Errors
+/// As `mkdir`.
+pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Creates the new file `path` with mode 0600 (`O_CREAT|O_EXCL`).
+///
+/// # Errors
+/// As `open`; `AlreadyExists` if it exists.
+pub fn create_private_file(path: &Path) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)
 }
 
 /// Writes the record of the VMI whose QEMU runs in `run_dir`.
@@ -88,5 +129,34 @@ mod tests {
         assert_eq!(records(dir.path()), [(run.clone(), r)]);
         let names: Vec<_> = std::fs::read_dir(&run).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, ["vmi.json"]);
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(&run).unwrap().mode() & 0o777, 0o700);
+        assert_eq!(std::fs::metadata(run.join("vmi.json")).unwrap().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn concurrent_writers_of_two_files_never_share_a_temp_file() {
+        // The old temp name was `NAME.tmp.<pid>`: two tasks of one agent writing the same file
+        // shared it (one renamed the other's half-written file into place).
+        let dir = tempfile::tempdir().unwrap();
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let dir = dir.path().to_owned();
+                std::thread::spawn(move || {
+                    let body = format!("{i}").repeat(20_000);
+                    for _ in 0..20 {
+                        write_atomic(&dir.join(if i % 2 == 0 { "a.json" } else { "b.json" }), body.as_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        for f in ["a.json", "b.json"] {
+            let text = std::fs::read_to_string(dir.path().join(f)).unwrap();
+            assert_eq!(text, text[..1].repeat(20_000), "{f} holds one whole write");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "no temp file left");
     }
 }

@@ -2,7 +2,10 @@
 //! component or talk to a running one.
 
 mod cli;
+mod growth_flags;
+mod import_flags;
 mod migrate;
+mod qemu_flags;
 mod serve;
 
 use std::path::PathBuf;

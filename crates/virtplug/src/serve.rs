@@ -1,11 +1,53 @@
 //! `virtplug up` and `virtplug apiserver`.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
+use apiserver::health::Health;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
+
+/// Limits on the HTTPS listener's connections (what a client without the token can hold).
+#[derive(Args)]
+pub struct ConnectionArgs {
+    /// Most connections served at once; beyond it a few at a time are answered 503 with
+    /// Retry-After and the rest closed [default: half the open-files limit, which virtplug raises
+    /// to its hard limit, between 64 and 16384].
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// How long a client may take to complete the TLS handshake.
+    #[arg(long, default_value = "10s", value_parser = crate::cli::humantime)]
+    tls_handshake_timeout: Duration,
+    /// How long an HTTP/1 client may take to send a request's headers (also the longest wait for
+    /// the next request on a kept-alive connection).
+    #[arg(long, default_value = "32s", value_parser = crate::cli::humantime)]
+    header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed (HTTP/2: GOAWAY).
+    #[arg(long, default_value = "90s", value_parser = crate::cli::humantime)]
+    idle_timeout: Duration,
+}
+
+impl ConnectionArgs {
+    fn limits(&self) -> anyhow::Result<apiserver::conn::Limits> {
+        for (flag, d) in [
+            ("--tls-handshake-timeout", self.tls_handshake_timeout),
+            ("--header-read-timeout", self.header_read_timeout),
+            ("--idle-timeout", self.idle_timeout),
+        ] {
+            anyhow::ensure!(!d.is_zero(), "{flag} 0 would close every connection at once: give a duration such as 10s");
+        }
+        anyhow::ensure!(self.max_connections != Some(0), "--max-connections 0 would refuse every client: give at least 1, or leave it out");
+        Ok(apiserver::conn::Limits {
+            max_connections: self.max_connections,
+            tls_handshake_timeout: self.tls_handshake_timeout,
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+        })
+    }
+}
 
 /// Arguments of `virtplug apiserver`.
 #[derive(Args)]
@@ -19,6 +61,10 @@ pub struct ApiserverArgs {
     /// How many changes the watch changelog keeps (older resourceVersions answer 410 Expired).
     #[arg(long, default_value_t = 10_000)]
     watch_window: usize,
+    #[command(flatten)]
+    connections: ConnectionArgs,
+    #[command(flatten)]
+    store: crate::growth_flags::StoreArgs,
 }
 
 /// Arguments of `virtplug up`.
@@ -50,6 +96,16 @@ pub struct UpArgs {
     /// VM's own mount namespace, block devices allowed in its cgroup v1 devices cgroup; root).
     #[arg(long, default_value = "fd", value_parser = ["fd", "bind-mount"])]
     attach_mode: String,
+    #[command(flatten)]
+    connections: ConnectionArgs,
+    #[command(flatten)]
+    import: crate::import_flags::ImportArgs,
+    #[command(flatten)]
+    store: crate::growth_flags::StoreArgs,
+    #[command(flatten)]
+    caps: crate::growth_flags::CapsArgs,
+    #[command(flatten)]
+    qemu: crate::qemu_flags::QemuArgs,
 }
 
 /// What `up` runs besides the API server.
@@ -59,6 +115,9 @@ struct UpOptions {
     stop_vms_on_exit: bool,
     vm_nice: i32,
     attach_mode: node::bindmount::AttachMode,
+    import: controller::storage::import::ImportConfig,
+    caps: node::caps::Caps,
+    qemu: crate::qemu_flags::QemuArgs,
 }
 
 /// Checks what `up` needs and says what is missing and how to fix it. Errors only for what makes
@@ -132,6 +191,10 @@ pub struct NodeArgs {
     /// VM's own mount namespace, block devices allowed in its cgroup v1 devices cgroup; root).
     #[arg(long, default_value = "fd", value_parser = ["fd", "bind-mount"])]
     attach_mode: String,
+    #[command(flatten)]
+    caps: crate::growth_flags::CapsArgs,
+    #[command(flatten)]
+    qemu: crate::qemu_flags::QemuArgs,
 }
 
 fn attach_mode(s: &str) -> node::bindmount::AttachMode {
@@ -171,16 +234,30 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     config.accel = accel(&args.accel);
     config.vm_nice = args.vm_nice;
     config.mode = attach_mode(&args.attach_mode);
+    config.caps = args.caps.caps();
+    args.qemu.check(config.mode)?;
+    args.qemu.apply(&mut config, &data_dir);
     eprintln!(
         "virtplug node {}: running VMs from {} (Ctrl-C stops the agent; VMs keep running)",
         config.node_name,
         config.state_dir.display()
     );
+    let health = Health::new();
+    health.spawn(NODE_AGENT, node::agent::run(client, config));
+    until_death_or_sigint(&health).await
+}
+
+/// Component names in the health registry (and in `up`'s exit message).
+const CONTROLLER: &str = "controller";
+const NODE_AGENT: &str = "node-agent";
+
+/// Waits for SIGINT (`Ok`) or for a component in `health` to die (`Err` naming it and why: the
+/// process exits non-zero, so whatever supervises it restarts it).
+async fn until_death_or_sigint(health: &Health) -> anyhow::Result<()> {
     tokio::select! {
-        r = node::agent::run(client, config) => r.context("the node agent stopped")?,
-        r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
+        f = health.first_failure() => Err(anyhow::anyhow!("the {f}")),
+        r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT"),
     }
-    Ok(())
 }
 
 /// Arguments of `virtplug controller`.
@@ -197,11 +274,15 @@ pub struct ControllerArgs {
     /// reporting them.
     #[arg(long)]
     legacy_volume_requests: bool,
+    #[command(flatten)]
+    import: crate::import_flags::ImportArgs,
 }
 
 pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
     let mut config = apiserver::Config::new(&args.data_dir);
     config.store.watch_window = args.watch_window;
+    config.connections = args.connections.limits()?;
+    args.store.apply(&mut config);
     run(config, args.listen, None).await
 }
 
@@ -219,14 +300,20 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     let mut config = apiserver::Config::new(&data_dir);
     config.metrics = Some(registry());
+    config.connections = args.connections.limits()?;
+    args.store.apply(&mut config);
     println!("virtplug up: checking prerequisites");
     preflight(accel(&args.accel), attach_mode(&args.attach_mode))?;
+    args.qemu.check(attach_mode(&args.attach_mode))?;
     let up = UpOptions {
         node_name: args.node_name.unwrap_or_else(host_name),
         accel: accel(&args.accel),
         stop_vms_on_exit: args.stop_vms_on_exit,
         vm_nice: args.vm_nice,
         attach_mode: attach_mode(&args.attach_mode),
+        import: args.import.config()?,
+        caps: args.caps.caps(),
+        qemu: args.qemu,
     };
     run(config, args.listen, Some(up)).await
 }
@@ -236,58 +323,86 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let config = controller::run::Config {
         legacy_volume_requests: args.legacy_volume_requests,
         storage_root: args.storage_root.clone(),
-        ..controller::run::Config::default()
+        import: args.import.config()?,
     };
     match &args.storage_root {
         Some(root) => eprintln!("virtplug controller: running (local storage under {}; Ctrl-C to stop)", root.display()),
         None => eprintln!("virtplug controller: running (no local storage; Ctrl-C to stop)"),
     }
-    tokio::select! {
-        () = controller::run::run_with(client, config) => {}
-        r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
-    }
-    Ok(())
+    let health = Health::new();
+    health.spawn(CONTROLLER, async move {
+        controller::run::run_with(client, config).await;
+        Ok::<(), Infallible>(())
+    });
+    until_death_or_sigint(&health).await
 }
 
-async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions>) -> anyhow::Result<()> {
-    let what = if up.is_some() { "up" } else { "apiserver" };
-    let server = apiserver::Server::open(&config, Some(listen))
-        .await
-        .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
-    // `up`: the in-process client and the controller's and node agent's tasks.
-    let mut components: Option<(kube::Client, Vec<tokio::task::JoinHandle<()>>)> = None;
-    if let Some(up) = &up {
-        // In-process client: the controller and the node agent reach the API without a socket.
-        let client = client::in_process(server.local_router());
-        let ctl = controller::run::Config { storage_root: Some(config.data_dir.join("storage")), ..controller::run::Config::default() };
-        let controller = tokio::spawn(controller::run::run_with(client.clone(), ctl));
-        let mut node_config = node::agent::Config::new(&up.node_name, &config.data_dir);
-        node_config.accel = up.accel;
-        node_config.vm_nice = up.vm_nice;
-        node_config.mode = up.attach_mode;
-        let agent_client = client.clone();
-        let agent = tokio::spawn(async move {
-            if let Err(e) = node::agent::run(agent_client, node_config).await {
-                tracing::error!("the node agent stopped: {e:#}");
-            }
-        });
-        components = Some((client, vec![controller, agent]));
+/// The controller's and node agent's tasks of `up`, and their in-process client.
+struct Components {
+    client: kube::Client,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts `up`'s controller and node agent under the server's health registry: if either dies,
+/// `/readyz` says so and `up` exits non-zero with the reason.
+fn start_components(server: &apiserver::Server, config: &apiserver::Config, up: &UpOptions) -> Components {
+    // In-process client: the controller and the node agent reach the API without a socket.
+    let client = client::in_process(server.local_router());
+    let ctl = controller::run::Config {
+        storage_root: Some(config.data_dir.join("storage")),
+        import: up.import.clone(),
+        ..controller::run::Config::default()
+    };
+    let ctl_client = client.clone();
+    let controller = server.health().spawn(CONTROLLER, async move {
+        controller::run::run_with(ctl_client, ctl).await;
+        Ok::<(), Infallible>(())
+    });
+    let mut node_config = node::agent::Config::new(&up.node_name, &config.data_dir);
+    node_config.accel = up.accel;
+    node_config.vm_nice = up.vm_nice;
+    node_config.mode = up.attach_mode;
+    node_config.caps = up.caps;
+    up.qemu.apply(&mut node_config, &config.data_dir);
+    let agent = server.health().spawn(NODE_AGENT, node::agent::run(client.clone(), node_config));
+    Components { client, tasks: vec![controller, agent] }
+}
+
+/// Stops `up`'s controller and agent first, so nothing acts on a VM (or reports a VM stopped
+/// below as crashed) while `up` shuts down; the API serves until the end. Then stops the VMs
+/// with --stop-vms-on-exit, else says that they keep running.
+async fn stop_components(up: &UpOptions, data_dir: &std::path::Path, components: Components) {
+    for t in &components.tasks {
+        t.abort();
     }
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}: is another virtplug running? choose another address with --listen"))?;
-    let addr = listener.local_addr().context("cannot read the listen address")?;
-    let host = if addr.ip().is_unspecified() { "127.0.0.1".to_owned() } else { addr.ip().to_string() };
-    let url = if addr.is_ipv6() { format!("https://[{host}]:{}", addr.port()) } else { format!("https://{host}:{}", addr.port()) };
-    let kubeconfig = server.write_kubeconfig(&url).context("cannot write the kubeconfig")?;
+    for t in components.tasks {
+        let _ = t.await;
+    }
+    let records = node::checkpoint::records(&data_dir.join("node").join("vmis"));
+    if up.stop_vms_on_exit {
+        for (dir, r) in &records {
+            eprintln!("virtplug up: stopping VM {}/{}", r.namespace, r.name);
+            node::worker::stop_for_shutdown(&components.client, dir, r).await;
+        }
+    } else if !records.is_empty() {
+        eprintln!(
+            "virtplug up: {} VM(s) keep running; the next `virtplug up --data-dir {}` adopts them \
+             (use --stop-vms-on-exit to stop them with up)",
+            records.len(),
+            data_dir.display()
+        );
+    }
+}
+
+fn print_banner(what: &str, url: &str, data_dir: &std::path::Path, kubeconfig: &std::path::Path, up: bool) {
     println!("virtplug {what} is serving the Kubernetes API at {url}");
-    println!("  data dir:   {}", config.data_dir.display());
+    println!("  data dir:   {}", data_dir.display());
     println!("  kubeconfig: {}", kubeconfig.display());
     println!();
     println!("Next:");
     println!("  export KUBECONFIG={}", kubeconfig.display());
     println!("  kubectl get vm");
-    if up.is_some() {
+    if up {
         println!("  virtplug vm create demo --kernel .cache/guest/vmlinuz --initrd .cache/guest/initramfs.cpio.gz");
         println!("  virtplug volume create data --size 1Gi --wait");
         println!("  virtplug addvolume demo --volume-name data --claim data --wait");
@@ -300,52 +415,66 @@ async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions
         println!();
         println!("Stop with Ctrl-C (SIGINT) or SIGTERM; every acknowledged write is on disk.");
     }
+}
+
+/// Waits for SIGINT or SIGTERM.
+async fn signals() -> anyhow::Result<()> {
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+/// Serves until a signal, or until a component dies: then stops and returns an error naming it
+/// (its reason printed, exit status non-zero) — never a server that says ok with a dead part.
+async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions>) -> anyhow::Result<()> {
+    let what = if up.is_some() { "up" } else { "apiserver" };
+    let server = apiserver::Server::open(&config, Some(listen))
+        .await
+        .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
+    let health = server.health().clone();
+    let components = up.as_ref().map(|up| start_components(&server, &config, up));
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}: is another virtplug running? choose another address with --listen"))?;
+    let addr = listener.local_addr().context("cannot read the listen address")?;
+    let host = if addr.ip().is_unspecified() { "127.0.0.1".to_owned() } else { addr.ip().to_string() };
+    let url = if addr.is_ipv6() { format!("https://[{host}]:{}", addr.port()) } else { format!("https://{host}:{}", addr.port()) };
+    let kubeconfig = server.write_kubeconfig(&url).context("cannot write the kubeconfig")?;
+    print_banner(what, &url, &config.data_dir, &kubeconfig, up.is_some());
 
     let shutdown = CancellationToken::new();
     let serving = {
         let shutdown = shutdown.clone();
         async move { server.serve_tls(listener, shutdown).await }
     };
-    let signals = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT")?,
-            _ = term.recv() => {}
+    let died = tokio::select! {
+        r = serving => {
+            r.context("the API server stopped")?;
+            return Ok(());
         }
-        anyhow::Ok(())
-    };
-    tokio::select! {
-        r = serving => r.context("the API server stopped")?,
-        r = signals => {
+        r = signals() => {
             r?;
             eprintln!("virtplug {what}: shutting down");
-            if let (Some(up), Some((client, tasks))) = (&up, components) {
-                // The controller and the agent stop first: nothing acts on a VM (or reports a VM
-                // stopped below as crashed) while `up` shuts down. The API serves until the end.
-                for t in &tasks {
-                    t.abort();
-                }
-                for t in tasks {
-                    let _ = t.await;
-                }
-                let records = node::checkpoint::records(&config.data_dir.join("node").join("vmis"));
-                if up.stop_vms_on_exit {
-                    for (dir, r) in &records {
-                        eprintln!("virtplug up: stopping VM {}/{}", r.namespace, r.name);
-                        node::worker::stop_for_shutdown(&client, dir, r).await;
-                    }
-                } else if !records.is_empty() {
-                    eprintln!(
-                        "virtplug up: {} VM(s) keep running; the next `virtplug up --data-dir {}` adopts them \
-                         (use --stop-vms-on-exit to stop them with up)",
-                        records.len(),
-                        config.data_dir.display()
-                    );
-                }
-            }
-            shutdown.cancel();
+            None
         }
+        f = health.first_failure() => {
+            eprintln!("virtplug {what}: the {f}; shutting down");
+            Some(f)
+        }
+    };
+    if let (Some(up), Some(components)) = (&up, components) {
+        stop_components(up, &config.data_dir, components).await;
     }
-    Ok(())
+    shutdown.cancel();
+    match died {
+        None => Ok(()),
+        Some(f) => Err(anyhow::anyhow!(
+            "the {f}: virtplug {what} cannot serve without it and stopped. Every acknowledged write is on disk; \
+             start it again (running VMs are adopted) and report the log above if it happens again"
+        )),
+    }
 }

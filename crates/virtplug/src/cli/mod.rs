@@ -35,7 +35,7 @@ pub struct Common {
     output: String,
 }
 
-fn humantime(s: &str) -> Result<Duration, String> {
+pub(crate) fn humantime(s: &str) -> Result<Duration, String> {
     let (n, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, "s"), |i| s.split_at(i));
     let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration (e.g. 90s, 5m)"))?;
     match unit {
