@@ -12,12 +12,17 @@
 //!   finalizer is removed;
 //! - a namespace being deleted has its content deleted, then its `kubernetes` finalizer removed.
 //!
+//! Beside the event-driven sweep, a timer expires old Events ([`ttl`], `--event-ttl`).
+//!
 //! # Guarantees
 //! Every sweep only writes what must change, so sweeps settle. A sweep also runs at start, so
 //! work interrupted by a crash is finished.
 
+pub mod ttl;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
@@ -43,17 +48,42 @@ fn deleting_with(o: &Value, finalizer: &str) -> bool {
         && o.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| f.iter().any(|x| x == finalizer))
 }
 
-/// Runs the collector until the store closes.
-pub async fn run(objects: Objects) {
+/// Runs the collector until the store closes. With `event_ttl`, Events last seen longer ago
+/// are deleted at start and then every [`ttl::period`].
+pub async fn run(objects: Objects, event_ttl: Option<Duration>) {
     let mut rx = objects.store.watch(objects.store.revision()).map(|(_, rx)| rx).ok();
     settle(&objects).await;
+    let mut expiry = event_ttl.map(|ttl| {
+        let period = ttl::period(ttl);
+        let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        (ttl, timer)
+    });
+    if let Some((ttl, _)) = &expiry {
+        ttl::expire(&objects, *ttl).await;
+    }
     let Some(rx) = rx.as_mut() else { return };
     loop {
         let mut relevant = false;
-        match rx.recv().await {
-            Ok(e) => relevant |= e.kind == EventType::Deleted || e.object.pointer("/metadata/deletionTimestamp").is_some(),
-            Err(broadcast::error::RecvError::Lagged(_)) => relevant = true,
-            Err(broadcast::error::RecvError::Closed) => return,
+        let tick = async {
+            match expiry.as_mut() {
+                Some((ttl, timer)) => {
+                    timer.tick().await;
+                    *ttl
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ttl = tick => {
+                ttl::expire(&objects, ttl).await;
+                continue;
+            }
+            r = rx.recv() => match r {
+                Ok(e) => relevant |= e.kind == EventType::Deleted || e.object.pointer("/metadata/deletionTimestamp").is_some(),
+                Err(broadcast::error::RecvError::Lagged(_)) => relevant = true,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
         }
         // Coalesce whatever else is queued into the same sweep.
         loop {

@@ -15,12 +15,20 @@
 //!   revision of its last write as `metadata.resourceVersion`.
 //! - Events reach subscribers in revision order, after the commit.
 //! - A watch from a revision older than the changelog window gets [`StoreError::Compacted`].
+//! - The filesystem running out of space never loses or half-applies a write: a batch that would
+//!   leave less than the reserve free is refused before it starts ([`StoreError::NoSpace`], see
+//!   [`space`]), and a batch SQLite cannot write (`SQLITE_FULL`) is rolled back whole and refused
+//!   ([`StoreError::Full`]). Reads and watches are served from memory throughout, and the next
+//!   write after space returns goes through, without a restart.
+//! - The writer thread outlives every failed batch (an error or even a panic answers that
+//!   batch's writers and the thread takes the next one).
 //!
 //! # Caveats
 //! Lists are served from the current state: a list at an older revision is not possible
 //! (`Exact` on an old revision answers 410, as a compacted etcd would).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, RwLock, RwLockReadGuard};
 use std::thread;
@@ -28,6 +36,8 @@ use std::thread;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 use tokio::sync::{broadcast, oneshot};
+
+pub mod space;
 
 /// What changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +113,25 @@ pub enum StoreError {
     Thread(#[source] std::io::Error),
     #[error("the store's writer thread has stopped")]
     WriterGone,
+    #[error(
+        "the filesystem of the data dir {dir} is nearly full: {} free, this write needs about {} and {} are kept free \
+         (--store-reserve); nothing was stored. Free space there and writes resume by themselves",
+        space::human(.free), space::human(.needed), space::human(.reserve)
+    )]
+    NoSpace { dir: PathBuf, free: u64, needed: u64, reserve: u64 },
+    #[error(
+        "the store {path} is full ({message}); nothing of the write was stored. Free space on its filesystem \
+         and writes resume by themselves"
+    )]
+    Full { path: PathBuf, message: String },
+}
+
+impl StoreError {
+    /// Whether the write was refused for lack of space (507 Insufficient Storage).
+    #[must_use]
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, StoreError::NoSpace { .. } | StoreError::Full { .. })
+    }
 }
 
 /// A compare-and-swap write.
@@ -136,11 +165,18 @@ pub struct StoreConfig {
     pub watch_window: usize,
     /// Capacity of the live event broadcast; a watcher further behind is sent 410.
     pub broadcast_capacity: usize,
+    /// Bytes kept free on the data dir's filesystem: a write that would leave less is refused
+    /// with [`StoreError::NoSpace`]. `None` (default): the larger of 64 MiB and 1 % of the
+    /// filesystem; `Some(0)`: no check (SQLite's own `SQLITE_FULL` is then the only guard).
+    pub reserve: Option<u64>,
+    /// The most the database file may grow to (SQLite's `max_page_count`); a write past it is
+    /// refused with [`StoreError::Full`]. `None` (default): no bound but the filesystem's.
+    pub max_size: Option<u64>,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { watch_window: 10_000, broadcast_capacity: 16_384 }
+        StoreConfig { watch_window: 10_000, broadcast_capacity: 16_384, reserve: None, max_size: None }
     }
 }
 
@@ -150,6 +186,8 @@ pub struct Store {
     state: Arc<RwLock<State>>,
     writer: mpsc::Sender<Write>,
     events: broadcast::Sender<Event>,
+    /// Why the writer thread stopped, once it has (see [`Store::writer_stopped`]).
+    writer_exit: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 const SCHEMA: &str = "
@@ -169,6 +207,11 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL").map_err(sql)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(sql)?;
         conn.execute_batch(SCHEMA).map_err(sql)?;
+        if let Some(max) = config.max_size {
+            let page: u64 = conn.pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0)).map_err(sql)?.try_into().unwrap_or(4096);
+            let pages = i64::try_from(max / page.max(1)).unwrap_or(i64::MAX).max(1);
+            conn.pragma_update(None, "max_page_count", pages).map_err(sql)?;
+        }
 
         let revision: u64 = conn
             .query_row("SELECT v FROM meta WHERE k = 'revision'", [], |r| r.get::<_, i64>(0))
@@ -204,13 +247,24 @@ impl Store {
                 });
             }
         }
-        let oldest = log.front().map_or(revision, |e| e.rv - 1);
+        let oldest = log.front().map_or(revision, |e| e.rv.saturating_sub(1));
         let state = Arc::new(RwLock::new(State { objects, revision, log, oldest }));
         let (events, _) = broadcast::channel(config.broadcast_capacity);
         let (tx, rx) = mpsc::channel::<Write>();
-        let writer = Writer { conn, path: path.to_owned(), state: Arc::clone(&state), events: events.clone(), window: config.watch_window };
-        thread::Builder::new().name("store-writer".into()).spawn(move || writer.run(&rx)).map_err(StoreError::Thread)?;
-        Ok(Store { state, writer: tx, events })
+        let writer = Writer {
+            conn,
+            path: path.to_owned(),
+            state: Arc::clone(&state),
+            events: events.clone(),
+            window: config.watch_window,
+            space: space::Space::new(path, config.reserve),
+        };
+        let (exit, writer_exit) = tokio::sync::watch::channel(None);
+        thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || crate::health::supervise_thread(crate::STORE_WRITER, &exit, || writer.run(&rx)))
+            .map_err(StoreError::Thread)?;
+        Ok(Store { state, writer: tx, events, writer_exit })
     }
 
     /// Applies one compare-and-swap write and returns its event once it is durable.
@@ -269,6 +323,13 @@ impl Store {
         Ok((backlog, rx))
     }
 
+    /// Resolves with the reason once the writer thread has stopped (a panic outside a batch, or a
+    /// fault injected by a test); writes then fail with `WriterGone`. Holds no `Store`.
+    pub fn writer_stopped(&self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let mut rx = self.writer_exit.clone();
+        async move { rx.wait_for(Option::is_some).await.ok().and_then(|r| r.clone()).unwrap_or_else(|| "stopped".to_owned()) }
+    }
+
     /// The oldest revision a watch may start from.
     #[must_use]
     pub fn oldest(&self) -> u64 {
@@ -281,12 +342,33 @@ impl Store {
     }
 }
 
+/// Why a batch was not stored; every writer of it gets [`Refused::error`].
+enum Refused {
+    Space(StoreError),
+    Full(String),
+    Commit(String),
+}
+
+impl Refused {
+    fn error(&self, path: &Path) -> StoreError {
+        match self {
+            Refused::Space(StoreError::NoSpace { dir, free, needed, reserve }) => {
+                StoreError::NoSpace { dir: dir.clone(), free: *free, needed: *needed, reserve: *reserve }
+            }
+            Refused::Full(message) => StoreError::Full { path: path.to_owned(), message: message.clone() },
+            Refused::Space(other) => StoreError::Commit { path: path.to_owned(), message: other.to_string() },
+            Refused::Commit(message) => StoreError::Commit { path: path.to_owned(), message: message.clone() },
+        }
+    }
+}
+
 struct Writer {
     conn: Connection,
     path: PathBuf,
     state: Arc<RwLock<State>>,
     events: broadcast::Sender<Event>,
     window: usize,
+    space: space::Space,
 }
 
 /// Most writes committed in one transaction.
@@ -302,7 +384,12 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.commit(batch);
+            // A panic fails this batch (its writers' replies are dropped: they get `WriterGone`)
+            // and the thread goes on with the next: the store must keep serving. State is only
+            // replaced after a commit, so it stays what the database holds.
+            if catch_unwind(AssertUnwindSafe(|| self.commit(batch))).is_err() {
+                tracing::error!("the store's writer panicked on a batch of writes; they were refused, the store keeps serving");
+            }
         }
     }
 
@@ -357,10 +444,9 @@ impl Writer {
         if accepted.is_empty() {
             return;
         }
-        if let Err(source) = self.persist(&accepted, revision) {
-            let msg = source.to_string();
+        if let Err(refused) = self.store_batch(&accepted, revision) {
             for (_, reply) in accepted {
-                let _ = reply.send(Err(StoreError::Commit { path: self.path.clone(), message: msg.clone() }));
+                let _ = reply.send(Err(refused.error(&self.path)));
             }
             return;
         }
@@ -390,14 +476,48 @@ impl Writer {
         }
     }
 
-    fn persist(&mut self, accepted: &[(Event, oneshot::Sender<Result<Event, StoreError>>)], revision: u64) -> rusqlite::Result<()> {
+    /// Checks the free space, then writes the batch in one transaction. On any failure nothing
+    /// of it is stored and the connection is left ready for the next batch.
+    fn store_batch(&mut self, accepted: &[(Event, oneshot::Sender<Result<Event, StoreError>>)], revision: u64) -> Result<(), Refused> {
+        let bytes: Vec<Vec<u8>> = accepted.iter().map(|(e, _)| serde_json::to_vec(&*e.object).unwrap_or_default()).collect();
+        let total = bytes.iter().map(|b| b.len() as u64).sum::<u64>();
+        if let Err(e) = self.space.check(total, accepted.len() as u64) {
+            tracing::warn!("refusing {} write(s): {e}", accepted.len());
+            return Err(Refused::Space(e));
+        }
+        let Err(source) = self.persist(accepted, &bytes, revision) else { return Ok(()) };
+        // A failed COMMIT may leave the transaction open (SQLite keeps it after some errors):
+        // close it, or every later batch would fail to begin.
+        if !self.conn.is_autocommit() {
+            if let Err(e) = self.conn.execute_batch("ROLLBACK") {
+                tracing::error!("the store {}: cannot roll back a failed commit: {e}", self.path.display());
+            }
+        }
+        let message = source.to_string();
+        tracing::warn!(
+            "the store {}: a commit of {} write(s) failed, nothing of it was stored: {message}",
+            self.path.display(),
+            accepted.len()
+        );
+        if source.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+            Err(Refused::Full(message))
+        } else {
+            Err(Refused::Commit(message))
+        }
+    }
+
+    fn persist(
+        &mut self,
+        accepted: &[(Event, oneshot::Sender<Result<Event, StoreError>>)],
+        bytes: &[Vec<u8>],
+        revision: u64,
+    ) -> rusqlite::Result<()> {
         let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         {
             let mut put = tx.prepare_cached("INSERT OR REPLACE INTO objects (key, rv, value) VALUES (?1, ?2, ?3)")?;
             let mut del = tx.prepare_cached("DELETE FROM objects WHERE key = ?1")?;
             let mut log = tx.prepare_cached("INSERT INTO log (rv, key, type, value) VALUES (?1, ?2, ?3, ?4)")?;
-            for (e, _) in accepted {
-                let bytes = serde_json::to_vec(&*e.object).unwrap_or_default();
+            for ((e, _), bytes) in accepted.iter().zip(bytes) {
                 let rv = i64::try_from(e.rv).unwrap_or(i64::MAX);
                 if e.kind == EventType::Deleted {
                     del.execute([&e.key])?;
@@ -452,7 +572,8 @@ mod tests {
     #[tokio::test]
     async fn a_watch_older_than_the_window_is_compacted() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(&dir.path().join("s.db"), &StoreConfig { watch_window: 3, broadcast_capacity: 16 }).unwrap();
+        let s = Store::open(&dir.path().join("s.db"), &StoreConfig { watch_window: 3, broadcast_capacity: 16, ..StoreConfig::default() })
+            .unwrap();
         for i in 0..6 {
             s.write(Op::Create { key: format!("k{i}"), object: obj("x") }).await.unwrap();
         }

@@ -13,11 +13,13 @@
 //! - [`source`]: a volume's source on this node, opened safely;
 //! - [`bindmount`]: bind-mount mode (targets in QEMU's mount namespace, device cgroup rules);
 //!   [`devprog`]: its cgroup v2 eBPF device program;
+//! - [`caps`]: what one VMI may take from this node (emptyDisk size, guest memory);
 //! - [`mountinfo`], [`checkpoint`], [`backoff`]: the parser, crash-safe records, the fallback wait.
 
 pub mod agent;
 pub mod backoff;
 pub mod bindmount;
+pub mod caps;
 pub mod checkpoint;
 pub mod claims;
 pub mod devprog;
