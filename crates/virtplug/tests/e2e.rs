@@ -53,7 +53,8 @@ impl Up {
 
     /// Starts `virtplug up` on this data dir and waits for its first line (the URL).
     fn spawn(&mut self) {
-        self.spawn_with(&["up", "--node-name", "e2e", "--accel", "tcg"]);
+        // The tests' image servers are on loopback, which imports refuse unless allowed.
+        self.spawn_with(&["up", "--node-name", "e2e", "--accel", "tcg", "--import-allow-host", "127.0.0.1"]);
     }
 
     /// Starts `virtplug ARGS --listen 127.0.0.1:0 --data-dir DIR` (`up` or `apiserver`), its

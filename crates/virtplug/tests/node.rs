@@ -87,7 +87,9 @@ impl Env {
     async fn start_with(dir: tempfile::TempDir, cgroup: Option<PathBuf>) -> Env {
         let s = TestServer::start().await;
         std::fs::create_dir_all(dir.path().join("storage")).unwrap();
-        let config = controller::run::Config { storage_root: Some(dir.path().join("storage")), ..Default::default() };
+        // The tests' image servers are on loopback, which imports refuse unless allowed.
+        let import = controller::storage::import::ImportConfig { allow_hosts: vec!["127.0.0.1".parse().unwrap()], ..Default::default() };
+        let config = controller::run::Config { storage_root: Some(dir.path().join("storage")), import, ..Default::default() };
         let ctl = tokio::spawn(controller::run::run_with(client::in_process(s.server.local_router()), config));
         let mut e = Env {
             vms: Api::namespaced(s.client.clone(), "default"),

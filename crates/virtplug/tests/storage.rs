@@ -47,6 +47,8 @@ async fn env() -> Env {
         backoff_base: Duration::from_millis(50),
         backoff_cap: Duration::from_millis(200),
         progress_interval: Duration::from_millis(20),
+        // The test's image server is on loopback, which imports refuse unless allowed.
+        allow_hosts: vec!["127.0.0.1".parse().unwrap()],
         ..Default::default()
     };
     let config = controller::run::Config { storage_root: Some(root.path().to_owned()), import, ..Default::default() };
@@ -282,4 +284,30 @@ async fn failed_imports_say_why() {
         let retried = matches!(*name, "missing" | "truncated");
         assert_eq!(st.restart_count.unwrap_or(0), i32::from(retried), "{name}");
     }
+}
+
+/// A Block DataVolume's import lands on its loop device (opened without following symlinks and
+/// checked to be a block device), byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_import_into_a_block_claim_lands_on_its_loop_device() {
+    if !common::guest::is_root() {
+        eprintln!("skipped: Block claims need root for /dev/loop-control");
+        return;
+    }
+    let e = env().await;
+    let body: Vec<u8> = (0..(256u32 << 10)).map(|i| (i % 251) as u8).collect();
+    let base = http_server(body.clone()).await;
+    let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "blk"},
+        "spec": {"source": {"http": {"url": format!("{base}/disk.raw")}},
+                 "storage": {"volumeMode": "Block", "resources": {"requests": {"storage": "1Mi"}}}}});
+    e.dvs.create(&PostParams::default(), &serde_json::from_value(dv).unwrap()).await.unwrap();
+    e.dv_phase("blk", "Succeeded").await;
+    let pvc = e.pvcs.get("blk").await.unwrap();
+    let dev = PathBuf::from(&pvc.metadata.annotations.as_ref().unwrap()["virtplug.io/loop-device"]);
+    let mut data = vec![0u8; body.len()];
+    std::io::Read::read_exact(&mut std::fs::File::open(&dev).unwrap(), &mut data).unwrap();
+    assert_eq!(data, body, "the source's bytes, in order, on {}", dev.display());
+    e.dvs.delete("blk", &DeleteParams::default()).await.unwrap();
+    e.gone("blk").await;
+    assert!(controller::storage::loopdev::under(e.root.path()).is_empty(), "no leaked loop device");
 }

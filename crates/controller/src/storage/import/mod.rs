@@ -5,20 +5,33 @@
 //! it) is created from `spec.storage` or `spec.pvc`; the provisioner binds it. Then:
 //! - `blank`: `Succeeded` at once (the provisioner's image is already zeros);
 //! - `http`: `ImportScheduled` → `ImportInProgress` with `status.progress` ("42.17%", from
-//!   Content-Length) → `Succeeded` "100.0%". The body is streamed into the claim's `disk.img` or
-//!   loop device, never buffered whole.
+//!   Content-Length) → `Succeeded` "100.0%". The body is streamed into a new file beside the
+//!   claim's `disk.img`, renamed over it when complete (or into the loop device of a Block
+//!   claim), never buffered whole ([`target`]).
+//!
+//! # The URL is untrusted
+//! Whoever may create a DataVolume chooses what the controller fetches from inside the host's
+//! network ([`net_policy`]): loopback, link-local (cloud metadata), multicast, broadcast,
+//! unspecified and this machine's own addresses are refused unless allowed by
+//! [`ImportConfig::allow_hosts`], checked on the address actually connected to and after every
+//! redirect. An attempt has a deadline and a minimum transfer rate (module `fetch`). Deleting the
+//! DataVolume cancels its transfer: the connection is closed and the partial file removed.
 //!
 //! # Failures
 //! Permanent (phase `Failed` at once, reason in the `Running` condition and an `ImportFailed`
-//! Event): a scheme other than http/https, a source larger than the claim or than
-//! [`ImportConfig::max_bytes`], a qcow2 image (raw and ISO only). Transient (a non-2xx answer,
-//! a connection error, a body that ends before its Content-Length): `restartCount` + 1 and a new
-//! attempt after a capped exponential backoff with jitter; past
-//! [`ImportConfig::max_retries`] the phase is `Failed`. Editing the DataVolume's source does not
-//! restart a finished import (as CDI); delete and re-create it.
+//! Event): a scheme other than http/https, a refused host or redirect, a source larger than the
+//! claim or than [`ImportConfig::max_bytes`], a qcow2 image (raw and ISO only), a symlink where
+//! the image goes. Transient (a non-2xx answer, a connection error, a body that ends before its
+//! Content-Length, the deadline, a transfer below the minimum rate): `restartCount` + 1 and a new
+//! attempt after a capped exponential backoff with jitter; past [`ImportConfig::max_retries`] the
+//! phase is `Failed`. Editing the DataVolume's source does not restart a finished import (as
+//! CDI); delete and re-create it.
+
+mod fetch;
+pub mod net_policy;
+pub mod target;
 
 use std::collections::HashMap;
-use std::io::{Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,7 +42,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{watcher, Controller};
+use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 
 use api::cdi::DataVolumeStatus;
@@ -37,11 +50,14 @@ use api::kubevirt::Condition;
 use api::DataVolume;
 use client::events::{self, EventType};
 
-use super::{data_path, parse_bytes};
+pub use net_policy::AllowEntry;
+use net_policy::{GuardedResolver, NetPolicy};
+
+use super::parse_bytes;
 
 const COMPONENT: &str = "virtplug-importer";
 
-/// Import limits and retry policy.
+/// Import limits, retry policy and the hosts imports may reach.
 #[derive(Clone, Debug)]
 pub struct ImportConfig {
     /// Transient failures retried before the phase becomes `Failed` (default 3).
@@ -54,6 +70,18 @@ pub struct ImportConfig {
     pub max_bytes: u64,
     /// Shortest interval between two `status.progress` writes (default 500 ms).
     pub progress_interval: Duration,
+    /// Hosts and networks an import may reach although they are refused by default (loopback,
+    /// link-local, this machine's addresses, ...). Default: none.
+    pub allow_hosts: Vec<AllowEntry>,
+    /// Longest time one attempt may take, connect to final sync (default 1 h).
+    pub deadline: Duration,
+    /// Slowest transfer accepted, in bytes per second averaged over [`Self::min_rate_window`]
+    /// (default 16 KiB/s; 0 turns the check off).
+    pub min_rate: u64,
+    /// The window of [`Self::min_rate`] (default 60 s).
+    pub min_rate_window: Duration,
+    /// Redirects followed before giving up (default 10).
+    pub max_redirects: usize,
 }
 
 impl Default for ImportConfig {
@@ -64,6 +92,11 @@ impl Default for ImportConfig {
             backoff_cap: Duration::from_secs(60),
             max_bytes: 64 << 30,
             progress_interval: Duration::from_millis(500),
+            allow_hosts: Vec::new(),
+            deadline: Duration::from_secs(3600),
+            min_rate: 16 << 10,
+            min_rate_window: Duration::from_secs(60),
+            max_redirects: 10,
         }
     }
 }
@@ -75,12 +108,16 @@ pub enum ImportError {
     Permanent(String),
     #[error("{0}")]
     Transient(String),
+    /// The DataVolume was deleted during the attempt.
+    #[error("cancelled: the DataVolume was deleted")]
+    Cancelled,
 }
 
 struct Ctx {
     client: kube::Client,
     root: PathBuf,
     config: ImportConfig,
+    policy: Arc<NetPolicy>,
     http: reqwest::Client,
     /// DataVolume UID → when its next attempt may start (absent: may start now). A running
     /// import holds `Instant` far in the future.
@@ -264,50 +301,70 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
     })
     .await?;
     let url = source.http.map(|h| h.url).unwrap_or_default();
-    let ctx2 = Arc::clone(&ctx);
-    tokio::spawn(async move {
-        let result = import(&ctx2, &dvs, &name, &pvc, &url).await;
-        let restarts = status.restart_count.unwrap_or(0);
-        let retry = match &result {
-            Err(ImportError::Transient(msg)) if restarts < ctx2.config.max_retries => Some((msg.clone(), backoff(&ctx2.config, restarts))),
-            _ => None,
-        };
-        // A retry's gate is set before its status write (which wakes the reconcile, and that
-        // must see the delay); any other outcome's gate is lifted only after the final status
-        // is written, so no reconcile can start another attempt in between.
-        if let Some((_, delay)) = &retry {
-            ctx2.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(uid.clone(), Instant::now() + *delay);
-        }
-        match (&result, retry) {
-            (Ok(()), _) => {}
-            (_, Some((msg, delay))) => {
-                events::publish(
-                    &ctx2.client,
-                    COMPONENT,
-                    dv.as_ref(),
-                    EventType::Warning,
-                    "ImportRetry",
-                    &format!("{msg}; retrying in {delay:.1?}"),
-                )
-                .await;
-                let _ = set_status(&dvs, &name, |s| {
-                    s.phase = Some("ImportScheduled".into());
-                    s.restart_count = Some(restarts + 1);
-                    set_condition(&mut s.conditions, condition("Running", false, "Error", &msg));
-                })
-                .await;
-                return;
-            }
-            (Err(ImportError::Permanent(msg)), None) => {
-                let _ = fail(&ctx2, &dvs, &dv, msg).await;
-            }
-            (Err(ImportError::Transient(msg)), None) => {
-                let _ = fail(&ctx2, &dvs, &dv, &format!("{msg} (gave up after {} attempts)", restarts + 1)).await;
-            }
-        }
-        ctx2.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&uid);
-    });
+    let restarts = status.restart_count.unwrap_or(0);
+    tokio::spawn(run_attempt(ctx, dvs, dv, pvc, url, restarts));
     Ok(Action::await_change())
+}
+
+/// Resolves when the DataVolume `name` with `uid` is deleted (gone, replaced by another of
+/// the same name, or marked for deletion). Watch errors are retried with kube's backoff.
+async fn deleted(dvs: Api<DataVolume>, name: String, uid: String) {
+    let stream = watcher::watch_object(dvs, &name).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(Some(dv)) if dv.uid().as_deref() == Some(uid.as_str()) && dv.metadata.deletion_timestamp.is_none() => {}
+            Ok(_) => return,
+            Err(e) => tracing::debug!("watching DataVolume {name} for its deletion: {e}"),
+        }
+    }
+    // The stream never ends with a backoff; if it did, the import just runs to its end.
+    std::future::pending::<()>().await;
+}
+
+/// One import attempt in the background, cancelled when the DataVolume is deleted, then its
+/// outcome: success, a retry after the backoff, or `Failed`.
+async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, pvc: PersistentVolumeClaim, url: String, restarts: i32) {
+    let (name, uid) = (dv.name_any(), dv.uid().unwrap_or_default());
+    // Dropping the attempt closes its connection and removes its partial file.
+    let result = tokio::select! {
+        r = fetch::attempt(&ctx, &dvs, &name, &pvc, &url) => r,
+        () = deleted(dvs.clone(), name.clone(), uid.clone()) => Err(ImportError::Cancelled),
+    };
+    let retry = match &result {
+        Err(ImportError::Transient(msg)) if restarts < ctx.config.max_retries => Some((msg.clone(), backoff(&ctx.config, restarts))),
+        _ => None,
+    };
+    // A retry's gate is set before its status write (which wakes the reconcile, and that
+    // must see the delay); any other outcome's gate is lifted only after the final status
+    // is written, so no reconcile can start another attempt in between.
+    if let Some((_, delay)) = &retry {
+        ctx.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(uid.clone(), Instant::now() + *delay);
+    }
+    match (&result, retry) {
+        (Ok(()), _) => {}
+        (Err(ImportError::Cancelled), _) => {
+            tracing::info!("DataVolume {}/{name} was deleted: its import stopped", dv.namespace().unwrap_or_default());
+        }
+        (_, Some((msg, delay))) => {
+            let msg_delay = format!("{msg}; retrying in {delay:.1?}");
+            events::publish(&ctx.client, COMPONENT, dv.as_ref(), EventType::Warning, "ImportRetry", &msg_delay).await;
+            let _ = set_status(&dvs, &name, |s| {
+                s.phase = Some("ImportScheduled".into());
+                s.restart_count = Some(restarts + 1);
+                set_condition(&mut s.conditions, condition("Running", false, "Error", &msg));
+            })
+            .await;
+            return;
+        }
+        (Err(ImportError::Permanent(msg)), None) => {
+            let _ = fail(&ctx, &dvs, &dv, msg).await;
+        }
+        (Err(ImportError::Transient(msg)), None) => {
+            let _ = fail(&ctx, &dvs, &dv, &format!("{msg} (gave up after {} attempts)", restarts + 1)).await;
+        }
+    }
+    ctx.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&uid);
 }
 
 async fn fail(ctx: &Ctx, dvs: &Api<DataVolume>, dv: &DataVolume, msg: &str) -> Result<(), ImportError> {
@@ -319,125 +376,6 @@ async fn fail(ctx: &Ctx, dvs: &Api<DataVolume>, dv: &DataVolume, msg: &str) -> R
         set_condition(&mut s.conditions, condition("Ready", false, "Error", msg));
     })
     .await
-}
-
-/// One attempt: stream `url` into the claim.
-async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVolumeClaim, url: &str) -> Result<(), ImportError> {
-    let parsed = reqwest::Url::parse(url).map_err(|e| ImportError::Permanent(format!("spec.source.http.url {url:?} is not a URL: {e}")))?;
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(ImportError::Permanent(format!(
-            "spec.source.http.url uses the scheme {:?}; only http and https sources are imported (no local files)",
-            parsed.scheme()
-        )));
-    }
-    let capacity = super::requested_bytes(pvc).map_err(ImportError::Permanent)?;
-    let limit = capacity.min(ctx.config.max_bytes);
-    let target = {
-        let (root, pvc) = (ctx.root.clone(), pvc.clone());
-        tokio::task::spawn_blocking(move || data_path(&root, &pvc))
-            .await
-            .map_err(|e| ImportError::Transient(e.to_string()))?
-            .ok_or_else(|| ImportError::Transient(format!("claim {name} has no backing on this node yet")))?
-    };
-    let resp = ctx
-        .http
-        .get(parsed)
-        .send()
-        .await
-        .map_err(|e| ImportError::Transient(format!("cannot fetch {url}: {}", client::error_chain(&e))))?;
-    if !resp.status().is_success() {
-        return Err(ImportError::Transient(format!("{url} answered HTTP {}", resp.status())));
-    }
-    let total = resp.content_length();
-    if let Some(len) = total {
-        if len > limit {
-            return Err(ImportError::Permanent(too_large(len, capacity, ctx.config.max_bytes)));
-        }
-    }
-    set_status(dvs, name, |s| {
-        s.phase = Some("ImportInProgress".into());
-        s.progress = Some("0.00%".into());
-        set_condition(&mut s.conditions, condition("Running", true, "Pod is running", "importing"));
-    })
-    .await?;
-
-    let mut file = {
-        let target_c = target.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
-            let mut f = std::fs::OpenOptions::new().write(true).open(&target_c)?;
-            f.seek(SeekFrom::Start(0))?;
-            Ok(f)
-        })
-        .await
-        .map_err(|e| ImportError::Transient(e.to_string()))?
-        .map_err(|e| ImportError::Transient(format!("cannot open {}: {e}", target.display())))?
-    };
-    let mut written: u64 = 0;
-    let mut last_report = Instant::now();
-    let mut stream = resp.bytes_stream();
-    let mut first = true;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            ImportError::Transient(match total {
-                Some(t) => {
-                    format!("the transfer from {url} broke off after {written} of {t} bytes: {}", client::error_chain(&e))
-                }
-                None => format!("the transfer from {url} broke off after {written} bytes: {}", client::error_chain(&e)),
-            })
-        })?;
-        if first && chunk.starts_with(b"QFI\xfb") {
-            return Err(ImportError::Permanent(format!(
-                "{url} is a qcow2 image; only raw and ISO images are imported (convert with: qemu-img convert -O raw IN OUT)"
-            )));
-        }
-        first = false;
-        written += chunk.len() as u64;
-        if written > limit {
-            return Err(ImportError::Permanent(too_large(written, capacity, ctx.config.max_bytes)));
-        }
-        // Blocking write of one chunk (at most a few hundred KiB): on the blocking pool.
-        file = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
-            file.write_all(&chunk)?;
-            Ok(file)
-        })
-        .await
-        .map_err(|e| ImportError::Transient(e.to_string()))?
-        .map_err(|e| ImportError::Transient(format!("cannot write {}: {e}", target.display())))?;
-        if let Some(t) = total {
-            if last_report.elapsed() >= ctx.config.progress_interval && t > 0 {
-                last_report = Instant::now();
-                #[allow(clippy::cast_precision_loss)]
-                let pct = format!("{:.2}%", written as f64 * 100.0 / t as f64);
-                set_status(dvs, name, |s| s.progress = Some(pct.clone())).await?;
-            }
-        }
-    }
-    if let Some(t) = total {
-        if written != t {
-            return Err(ImportError::Transient(format!("the transfer from {url} ended after {written} of {t} bytes (truncated)")));
-        }
-    }
-    tokio::task::spawn_blocking(move || file.sync_all())
-        .await
-        .map_err(|e| ImportError::Transient(e.to_string()))?
-        .map_err(|e| ImportError::Transient(format!("cannot sync {}: {e}", target.display())))?;
-    set_status(dvs, name, |s| {
-        s.phase = Some("Succeeded".into());
-        s.progress = Some("100.0%".into());
-        set_condition(&mut s.conditions, condition("Running", false, "Completed", "import done"));
-        set_condition(&mut s.conditions, condition("Ready", true, "Completed", &format!("imported {written} bytes")));
-    })
-    .await?;
-    tracing::info!("imported {written} bytes from {url} into claim {name}");
-    Ok(())
-}
-
-fn too_large(bytes: u64, capacity: u64, max: u64) -> String {
-    if bytes > max && max < capacity {
-        format!("the source is at least {bytes} bytes, more than the import limit of {max} bytes")
-    } else {
-        format!("the source is at least {bytes} bytes, larger than the claim's {capacity} bytes; request a larger spec.storage.resources.requests.storage")
-    }
 }
 
 // kube-runtime's error policy signature takes the object by value.
@@ -452,10 +390,18 @@ fn error_policy(dv: Arc<DataVolume>, err: &ImportError, _: Arc<Ctx>) -> Action {
 /// # Errors
 /// When the HTTP client cannot be built (no TLS roots).
 pub async fn run(client: kube::Client, root: PathBuf, config: ImportConfig) -> Result<(), reqwest::Error> {
-    let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).read_timeout(Duration::from_secs(60)).build()?;
+    let policy = Arc::new(NetPolicy::new(config.allow_hosts.clone()));
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_secs(60))
+        // A proxy would resolve and connect out of the policy's sight.
+        .no_proxy()
+        .dns_resolver(GuardedResolver(Arc::clone(&policy)))
+        .redirect(net_policy::redirect_policy(Arc::clone(&policy), config.max_redirects))
+        .build()?;
     let dvs: Api<DataVolume> = Api::all(client.clone());
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let ctx = Arc::new(Ctx { client, root, config, http, gates: Mutex::new(HashMap::new()) });
+    let ctx = Arc::new(Ctx { client, root, config, policy, http, gates: Mutex::new(HashMap::new()) });
     Controller::new(dvs, watcher::Config::default())
         // The claim's binding wakes its DataVolume (the claim is named after it).
         .watches(pvcs, watcher::Config::default(), |pvc| {
