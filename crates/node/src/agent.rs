@@ -67,6 +67,9 @@ pub struct Config {
     pub qemu_sandbox: bool,
     /// Drop QEMU to this user after start-up (fd mode only; default: it stays root).
     pub qemu_user: Option<String>,
+    /// The largest a guest's serial log may grow before it is rotated
+    /// ([`crate::consolelog`]; default 8 MiB).
+    pub serial_log_max: u64,
     /// The most one VMI may take: emptyDisk size and guest memory ([`crate::caps`]; default 50 %
     /// of the free space under `state_dir` and 75 % of the RAM).
     pub caps: crate::caps::Caps,
@@ -88,6 +91,7 @@ impl Config {
             boot_files: qemu::bootfiles::AllowedDirs::defaults(data_dir),
             qemu_sandbox: true,
             qemu_user: None,
+            serial_log_max: crate::consolelog::DEFAULT_MAX,
             caps: crate::caps::Caps::default(),
             mount_helper: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("virtplug")),
             devices_cgroup: crate::bindmount::default_cgroup_root().unwrap_or_else(|| PathBuf::from(crate::bindmount::DEVICES_CGROUP)),
@@ -234,6 +238,7 @@ pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError>
     };
 
     let _mounts = Task(watch_mounts(Arc::clone(&shared)));
+    let _logs = Task(tokio::spawn(crate::consolelog::keep_bounded(vmis_dir.clone(), config.serial_log_max)));
 
     let mut workers: HashMap<String, Worker> = HashMap::new();
     let mut listed: HashSet<String> = HashSet::new();

@@ -14,6 +14,7 @@
 //! - [`bindmount`]: bind-mount mode (targets in QEMU's mount namespace, device cgroup rules);
 //!   [`devprog`]: its cgroup v2 eBPF device program;
 //! - [`caps`]: what one VMI may take from this node (emptyDisk size, guest memory);
+//! - [`consolelog`]: the guests' serial logs, rotated past a cap;
 //! - [`mountinfo`], [`checkpoint`], [`backoff`]: the parser, crash-safe records, the fallback wait.
 
 pub mod agent;
@@ -22,6 +23,7 @@ pub mod bindmount;
 pub mod caps;
 pub mod checkpoint;
 pub mod claims;
+pub mod consolelog;
 pub mod devprog;
 pub mod hotplug;
 pub mod metrics;

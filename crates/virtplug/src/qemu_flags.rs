@@ -1,4 +1,5 @@
-//! Flags that bound what a VMI may make QEMU do on this node (`virtplug node`, `virtplug up`).
+//! Flags that bound what a VMI may make QEMU do on this node, and what its guest may write
+//! (`virtplug node`, `virtplug up`).
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,10 @@ pub struct QemuArgs {
     /// Only with --attach-mode fd [default: QEMU stays root].
     #[arg(long, value_name = "USER")]
     qemu_user: Option<String>,
+    /// The largest a guest's serial log (RUN_DIR/serial.log) may grow: past it, checked every
+    /// 30 s, its last quarter is kept in serial.log.1 and it starts again.
+    #[arg(long, default_value = "8Mi", value_parser = api::quantity::bytes, value_name = "SIZE")]
+    serial_log_max: u64,
 }
 
 impl QemuArgs {
@@ -46,5 +51,6 @@ impl QemuArgs {
         };
         config.qemu_sandbox = self.qemu_sandbox;
         config.qemu_user.clone_from(&self.qemu_user);
+        config.serial_log_max = self.serial_log_max;
     }
 }
