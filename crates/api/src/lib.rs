@@ -5,6 +5,7 @@
 //! - [`validation`]: admission checks with field paths.
 //! - [`invariants`]: the disk/volume rules every VM spec must hold.
 //! - [`quantity`]: quantities of bytes, the one parser for every size.
+//! - [`phases`]: the states KubeVirt and CDI write as strings, as enums.
 //! - [`volume_edit`]: the addvolume/removevolume edits of a spec.
 //! - [`crd`]: CRD manifests generated from the types (cluster mode).
 //!
@@ -15,6 +16,7 @@ pub mod cdi;
 pub mod crd;
 pub mod invariants;
 pub mod kubevirt;
+pub mod phases;
 pub mod quantity;
 pub mod validation;
 pub mod volume_edit;
