@@ -19,6 +19,7 @@ use clap::Parser;
 use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
+use virtplug_bench::waits::{wait_for_line, within};
 
 #[derive(Parser)]
 struct Args {
@@ -51,6 +52,12 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// An HTTP client for etcd whose every connect and read has a deadline (a watch stream's
+/// reads included: etcd sends progress on them well within it).
+fn http_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).read_timeout(Duration::from_secs(60)).build()?)
+}
+
 fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
 }
@@ -66,12 +73,8 @@ async fn start_virtplug(bin: &Path, dir: &Path) -> anyhow::Result<(Proc, kube::C
         .with_context(|| format!("cannot start {}", bin.display()))?;
     let out = child.stdout.take().context("stdout")?;
     let proc = Proc(child);
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(out));
-    let first = lines.next().context("virtplug printed nothing")??;
-    if !first.contains("serving") {
-        bail!("unexpected first line: {first}");
-    }
-    std::thread::spawn(move || for _ in lines {});
+    let what = format!("{} apiserver", bin.display());
+    tokio::task::spawn_blocking(move || wait_for_line(out, "serving", Duration::from_secs(60), &what)).await??;
     let client = client::connect(Some(&dir.join("kubeconfig"))).await?;
     Ok((proc, client))
 }
@@ -90,7 +93,7 @@ async fn start_etcd(bin: &Path, dir: &Path) -> anyhow::Result<(Proc, String)> {
         .spawn()
         .with_context(|| format!("cannot start {}", bin.display()))?;
     let proc = Proc(child);
-    let http = reqwest::Client::new();
+    let http = http_client()?;
     let deadline = Instant::now() + Duration::from_secs(20);
     while http.post(format!("{url}/v3/kv/range")).json(&json!({"key": b64("x")})).send().await.is_err() {
         if Instant::now() > deadline {
@@ -110,12 +113,17 @@ fn vm(name: &str) -> api::VirtualMachine {
 async fn virtplug_updates(client: &kube::Client, writers: usize, secs: u64) -> anyhow::Result<f64> {
     let api: Api<api::VirtualMachine> = Api::namespaced(client.clone(), "default");
     let count = Arc::new(AtomicU64::new(0));
-    let end = Instant::now() + Duration::from_secs(secs);
-    let mut tasks = Vec::new();
+    // Every writer's object first, then the clock starts for all of them at once.
+    let mut objects = Vec::new();
     for w in 0..writers {
         let name = format!("bench-{writers}-{w}");
         let created = api.create(&PostParams::default(), &vm(&name)).await?;
-        let mut rv = created.metadata.resource_version.context("rv")?;
+        objects.push((name, created.metadata.resource_version.context("rv")?));
+    }
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for (name, mut rv) in objects {
         let api = api.clone();
         let count = Arc::clone(&count);
         tasks.push(tokio::spawn(async move {
@@ -130,7 +138,6 @@ async fn virtplug_updates(client: &kube::Client, writers: usize, secs: u64) -> a
             anyhow::Ok(())
         }));
     }
-    let start = Instant::now();
     for t in tasks {
         t.await??;
     }
@@ -139,14 +146,20 @@ async fn virtplug_updates(client: &kube::Client, writers: usize, secs: u64) -> a
 
 async fn etcd_updates(url: &str, writers: usize, secs: u64) -> anyhow::Result<f64> {
     let count = Arc::new(AtomicU64::new(0));
-    let end = Instant::now() + Duration::from_secs(secs);
-    let mut tasks = Vec::new();
+    // Every writer's key first, then the clock starts for all of them at once.
+    let mut keys = Vec::new();
     for w in 0..writers {
         let key = b64(&format!("/registry/kubevirt.io/virtualmachines/default/bench-{writers}-{w}"));
-        let http = reqwest::Client::new();
+        let http = http_client()?;
         let r: serde_json::Value =
             http.post(format!("{url}/v3/kv/put")).json(&json!({"key": key, "value": b64("{}")})).send().await?.json().await?;
-        let mut rev = r["header"]["revision"].as_str().context("revision")?.to_owned();
+        let rev = r["header"]["revision"].as_str().context("revision")?.to_owned();
+        keys.push((key, http, rev));
+    }
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for (key, http, mut rev) in keys {
         let url = url.to_owned();
         let count = Arc::clone(&count);
         tasks.push(tokio::spawn(async move {
@@ -165,7 +178,6 @@ async fn etcd_updates(url: &str, writers: usize, secs: u64) -> anyhow::Result<f6
             anyhow::Ok(())
         }));
     }
-    let start = Instant::now();
     for t in tasks {
         t.await??;
     }
@@ -205,7 +217,8 @@ async fn virtplug_watch(client: &kube::Client, watchers: usize, rounds: usize) -
             .await?;
         let mut got = 0;
         while got < watchers {
-            let (r, at) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await?.context("watchers ended")?;
+            let what = format!("round {round}'s event at {} of {watchers} watchers", got + 1);
+            let (r, at) = within(Duration::from_secs(10), what, async { rx.recv().await.context("the watchers ended") }).await?;
             if r == round {
                 lat.push(at.duration_since(sent).as_secs_f64() * 1000.0);
                 got += 1;
@@ -221,7 +234,7 @@ async fn etcd_watch(url: &str, watchers: usize, rounds: usize) -> anyhow::Result
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     for _ in 0..watchers {
-        let http = reqwest::Client::new();
+        let http = http_client()?;
         let resp = http.post(format!("{url}/v3/watch")).json(&json!({"create_request": {"key": key}})).send().await?;
         let tx = tx.clone();
         let ready = ready_tx.clone();
@@ -247,17 +260,19 @@ async fn etcd_watch(url: &str, watchers: usize, rounds: usize) -> anyhow::Result
             }
         });
     }
-    for _ in 0..watchers {
-        ready_rx.recv().await.context("watch not created")?;
+    for n in 1..=watchers {
+        let what = format!("etcd to create watch {n} of {watchers}");
+        within(Duration::from_secs(10), what, async { ready_rx.recv().await.context("the watcher ended") }).await?;
     }
-    let http = reqwest::Client::new();
+    let http = http_client()?;
     let mut lat = Vec::new();
     for round in 1..=rounds {
         let sent = Instant::now();
         http.post(format!("{url}/v3/kv/put")).json(&json!({"key": key, "value": b64(&round.to_string())})).send().await?;
         let mut got = 0;
         while got < watchers {
-            let (r, at) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await?.context("watchers ended")?;
+            let what = format!("round {round}'s event at {} of {watchers} watchers", got + 1);
+            let (r, at) = within(Duration::from_secs(10), what, async { rx.recv().await.context("the watchers ended") }).await?;
             if r == round {
                 lat.push(at.duration_since(sent).as_secs_f64() * 1000.0);
                 got += 1;

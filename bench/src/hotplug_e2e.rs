@@ -14,22 +14,25 @@
 //!   second per volume) for the same M volumes for the same S seconds.
 //!
 //! Guests are observed on their serial consoles (unix sockets), timestamps taken on arrival.
+//!
+//! Every wait has a deadline and names what it waited for when it expires: a guest's boot
+//! (`--boot-deadline`; a guest that misses it is reported with the last 30 lines of its console
+//! and restarted once, a second miss fails the run), P2's convergence (`--converge-deadline`,
+//! each late guest reported with its console), each API call (60 s), each floor run
+//! (`--floor-deadline`). SIGTERM or SIGINT stops the run and kills `up` and its QEMUs.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use qemu::console::Console;
-use serde_json::{json, Value};
+use kube::api::Api;
 
 use api::VirtualMachineInstance;
-
-mod cputime;
-use cputime::cpu_seconds;
+use virtplug_bench::cputime::cpu_seconds;
+use virtplug_bench::up::{start_up, Guest, Up, API};
+use virtplug_bench::waits::{boot_deadline, output_within, secs, stop_signal, within};
 
 #[derive(Parser)]
 struct Args {
@@ -58,166 +61,129 @@ struct Args {
     p3_volumes: usize,
     #[arg(long, default_value_t = 60)]
     p3_seconds: u64,
+    /// Seconds a guest may take from its VM's creation to `VP-READY`; 0: 120 s + 8 s per VM
+    /// booting at once (P2's 32: 376 s; they boot in ~120 s on a quiet 2-core machine). A guest
+    /// that misses it is reported with its console tail and restarted once (a fresh VMI and
+    /// QEMU); a second miss fails the run. Passed on to the floors when set.
+    #[arg(long, default_value_t = 0)]
+    boot_deadline: u64,
+    /// P2: seconds every guest may take to report every disk of a plug (or unplug), from the
+    /// spec edits; a guest that does not is reported with its console tail and fails the run.
+    /// Passed on to the P2 floor.
+    #[arg(long, default_value_t = 120)]
+    converge_deadline: u64,
+    /// The guests' kernel command line (passed on to the floors).
+    #[arg(long, default_value = virtplug_bench::GUEST_KERNEL_ARGS)]
+    kernel_args: String,
+    /// Seconds a floor run (`qemu-hotplug`) may take in all; then it is stopped (SIGTERM, on
+    /// which it kills its QEMUs) and the run fails.
+    #[arg(long, default_value_t = 1800)]
+    floor_deadline: u64,
 }
 
-struct Up {
-    dir: tempfile::TempDir,
-    child: Child,
-    client: kube::Client,
-}
+impl Args {
+    /// The boot deadline of `vms` VMs booting at once.
+    fn boot(&self, vms: usize) -> Duration {
+        boot_deadline(self.boot_deadline, vms)
+    }
+    fn converge(&self) -> Duration {
+        Duration::from_secs(self.converge_deadline)
+    }
 
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // Kill, by PID, the QEMUs of this data dir only.
-        for d in std::fs::read_dir(self.dir.path().join("node/vmis")).into_iter().flatten().flatten() {
-            if let Ok(p) = qemu::process::adopt(&d.path()) {
-                if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                }
-            }
+    /// Runs the floor with `extra` arguments (and this run's guest and deadlines), within
+    /// `--floor-deadline`; its stdout.
+    async fn run_floor(&self, extra: &[String]) -> anyhow::Result<String> {
+        let mut cmd = tokio::process::Command::new(&self.floor);
+        cmd.args(extra).arg("--guest").arg(&self.guest).args(["--boot-deadline", &self.boot_deadline.to_string()]);
+        cmd.args(["--kernel-args", &self.kernel_args]);
+        cmd.stdin(Stdio::null());
+        let what = format!("the floor ({} {})", self.floor.display(), extra.join(" "));
+        let out = output_within(cmd, Duration::from_secs(self.floor_deadline), &what).await?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            bail!("{what} failed ({}):\n{text}{}", out.status, String::from_utf8_lossy(&out.stderr));
         }
+        Ok(text)
     }
 }
 
-async fn start_up(binary: &Path) -> anyhow::Result<Up> {
-    let dir = tempfile::tempdir()?;
-    let mut child = Command::new(binary)
-        .args(["up", "--listen", "127.0.0.1:0", "--node-name", "bench", "--accel", "tcg", "--data-dir"])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot run {}", binary.display()))?;
-    let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
-    loop {
-        let l = lines.next().context("up exited before serving")??;
-        if l.contains("is serving the Kubernetes API at") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    let client = client::connect(Some(&dir.path().join("kubeconfig"))).await?;
-    Ok(Up { dir, child, client })
-}
-
-impl Up {
-    async fn claim(&self, name: &str, size: &str) -> anyhow::Result<()> {
-        let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(self.client.clone(), "default");
-        let pvc = serde_json::from_value(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}}))?;
-        pvcs.create(&PostParams::default(), &pvc).await?;
-        Ok(())
-    }
-
-    async fn vm(&self, name: &str, guest: &Path) -> anyhow::Result<()> {
-        let g = guest.canonicalize()?;
-        let vms: Api<api::VirtualMachine> = Api::namespaced(self.client.clone(), "default");
-        let vm = serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
-            "spec": {"runStrategy": "Always", "template": {"spec": {"terminationGracePeriodSeconds": 1,
-                "domain": {"resources": {"requests": {"memory": "160Mi"}}, "devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}]},
-                           "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off",
-                               "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}}}}}}))?;
-        vms.create(&PostParams::default(), &vm).await?;
-        Ok(())
-    }
-
-    /// Waits until VMI `name` runs; connects its console; waits for `VP-READY`.
-    async fn console(&self, name: &str) -> anyhow::Result<Console> {
-        let vmis: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), "default");
-        let end = Instant::now() + Duration::from_secs(600);
-        let uid = loop {
-            if let Some(v) = vmis.get_opt(name).await? {
-                if v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
-                    break v.metadata.uid.unwrap_or_default();
-                }
-            }
-            if Instant::now() > end {
-                bail!("VMI {name} did not start");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        let run = self.dir.path().join("node/vmis").join(uid);
-        let mut c = Console::connect(&run.join("serial.sock"), Duration::from_secs(10)).await?;
-        // The ready line may have been printed before we connected: the log has it then.
-        let logged = std::fs::read_to_string(run.join("serial.log")).unwrap_or_default().contains("VP-READY");
-        if !logged {
-            c.wait_for(Duration::from_secs(600), |l| l.starts_with("VP-READY")).await.context("no VP-READY")?;
-        }
-        Ok(c)
-    }
-
-    async fn set_volumes(&self, vm: &str, claims: &[String]) -> anyhow::Result<()> {
-        let vms: Api<api::VirtualMachine> = Api::namespaced(self.client.clone(), "default");
-        let mut disks = vec![json!({"name": "cd0", "cdrom": {"bus": "sata"}})];
-        disks.extend(claims.iter().map(|c| json!({"name": c, "disk": {"bus": "scsi"}, "serial": c})));
-        let volumes: Vec<Value> =
-            claims.iter().map(|c| json!({"name": c, "persistentVolumeClaim": {"claimName": c, "hotpluggable": true}})).collect();
-        let p = json!({"spec": {"template": {"spec": {"domain": {"devices": {"disks": disks}}, "volumes": volumes}}}});
-        vms.patch(vm, &PatchParams::default(), &Patch::Merge(p)).await?;
-        Ok(())
-    }
+/// Boots VM `name` (created just before `start`), retrying once; reports a retry.
+async fn boot_one(up: &Up, name: &str, start: Instant, args: &Args) -> anyhow::Result<Guest> {
+    let (mut guests, _) = up.boot_all(&[name.to_owned()], start, args.boot(1)).await?;
+    guests.pop().context("no guest")
 }
 
 #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 fn pct(v: &[f64], q: f64) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * q).round() as usize]
+    v.get(((v.len().max(1) as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN)
+}
+
+/// How long a guest may take to report one hot-plug or unplug in P1.
+const SEE: Duration = Duration::from_secs(30);
+
+/// Polls VMI `name` (every 5 ms: the timings are ms) until `done` holds on it, for at most
+/// `deadline`; returns what `done` returned.
+async fn poll_vmi<T>(
+    up: &Up,
+    name: &str,
+    deadline: Duration,
+    what: &str,
+    done: impl Fn(&VirtualMachineInstance) -> Option<T>,
+) -> anyhow::Result<T> {
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(up.client.clone(), "default");
+    let end = Instant::now() + deadline;
+    loop {
+        let v = within(API, format!("the API to get VMI {name}"), async { Ok(vmis.get(name).await?) }).await?;
+        if let Some(r) = done(&v) {
+            return Ok(r);
+        }
+        if Instant::now() > end {
+            bail!("timed out after {} waiting for {what}", secs(deadline));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 async fn p1(args: &Args) -> anyhow::Result<()> {
     let up = start_up(&args.virtplug).await?;
     up.claim("p1", "8Mi").await?;
-    up.vm("p1", &args.guest).await?;
-    let mut con = up.console("p1").await?;
+    let start = Instant::now();
+    up.vm("p1", &args.guest, &args.kernel_args).await?;
+    let mut g = boot_one(&up, "p1", start, args).await?;
     let (mut seen, mut block, mut gone) = (Vec::new(), Vec::new(), Vec::new());
     // Where the time goes: each phase's `phaseTransitionTimestamps` entry (wall clock, ms,
     // taken by the writer just before its write) relative to the edit.
     let phases = ["Pending", "Bound", "AttachedToNode", "MountedToPod", "Ready"];
     let mut stages: Vec<Vec<f64>> = vec![Vec::new(); phases.len()];
-    let vmis: Api<VirtualMachineInstance> = Api::namespaced(up.client.clone(), "default");
-    for _ in 0..args.p1 {
+    for round in 1..=args.p1 {
         let t = Instant::now();
         let wall = jiff::Timestamp::now();
         up.set_volumes("p1", &["p1".to_owned()]).await?;
-        let s = con.wait_for(Duration::from_secs(30), |l| l.starts_with("SEEN ")).await.context("no SEEN")?;
+        let s = g.expect(SEE, &format!("SEEN (plug {round})"), |l| l.starts_with("SEEN ")).await?;
         seen.push(s.at.duration_since(t).as_secs_f64() * 1000.0);
-        let b =
-            con.wait_for(Duration::from_secs(30), |l| l.starts_with("BLOCK+") && l.contains("id=serial.p1")).await.context("no BLOCK+")?;
+        let b = g.expect(SEE, &format!("BLOCK+ (plug {round})"), |l| l.starts_with("BLOCK+") && l.contains("id=serial.p1")).await?;
         block.push(b.at.duration_since(t).as_secs_f64() * 1000.0);
         let dev = b.text.split_whitespace().nth(1).unwrap_or("sda").to_owned();
-        let end = Instant::now() + Duration::from_secs(30);
-        let entry = loop {
-            let e = vmis.get("p1").await?.status.and_then(|s| s.volume_status.into_iter().find(|e| e.name == "p1"));
-            if let Some(e) = e.filter(|e| e.phase.as_deref() == Some("Ready")) {
-                break e;
-            }
-            if Instant::now() > end {
-                bail!("volume p1 not Ready 30 s after the guest saw it");
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let ready = |v: &VirtualMachineInstance| {
+            v.status.as_ref()?.volume_status.iter().find(|e| e.name == "p1" && e.phase == Some(api::phases::VolumePhase::Ready)).cloned()
         };
+        let entry = poll_vmi(&up, "p1", SEE, "volume p1 to be Ready after the guest saw it", ready).await?;
         for (i, ph) in phases.iter().enumerate() {
-            if let Some(at) = entry.entered(ph) {
+            if let Some(at) = entry.entered(&api::phases::VolumePhase::parse(ph)) {
                 stages[i].push((at - wall).as_secs_f64() * 1000.0);
             }
         }
         let t = Instant::now();
         up.set_volumes("p1", &[]).await?;
-        let g = con.wait_for(Duration::from_secs(30), |l| l.starts_with(&format!("BLOCK- {dev} "))).await.context("no BLOCK-")?;
-        gone.push(g.at.duration_since(t).as_secs_f64() * 1000.0);
+        let u = g.expect(SEE, &format!("BLOCK- {dev} (unplug {round})"), |l| l.starts_with(&format!("BLOCK- {dev} "))).await?;
+        gone.push(u.at.duration_since(t).as_secs_f64() * 1000.0);
         // The next plug starts once the previous unplug has left volumeStatus (declarative
         // hot-plug waits for that before re-adding a name): wait for it, so each sample is one
         // plug and not plug-after-pending-unplug.
-        let end = Instant::now() + Duration::from_secs(30);
-        while vmis.get("p1").await?.status.is_some_and(|s| !s.volume_status.is_empty()) {
-            if Instant::now() > end {
-                bail!("volumeStatus did not empty after an unplug");
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let empty = |v: &VirtualMachineInstance| v.status.as_ref().is_none_or(|s| s.volume_status.is_empty()).then_some(());
+        poll_vmi(&up, "p1", SEE, "volumeStatus to empty after an unplug", empty).await?;
     }
     drop(up);
     println!("P1: VM spec edit → guest, {} hot-plugs (ms)\n", args.p1);
@@ -239,9 +205,8 @@ async fn p1(args: &Args) -> anyhow::Result<()> {
         }
     }
     println!("\nfloor (same invocation): {} --runs {} --boots 1", args.floor.display(), args.p1);
-    let out = Command::new(&args.floor).args(["--runs", &args.p1.to_string(), "--boots", "1", "--guest"]).arg(&args.guest).output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    for l in text.lines().filter(|l| l.contains("SEEN") || l.contains("BLOCK")) {
+    let text = args.run_floor(&["--runs".into(), args.p1.to_string(), "--boots".into(), "1".into()]).await?;
+    for l in text.lines().filter(|l| l.contains("SEEN") || l.contains("BLOCK") || l.starts_with("retry")) {
         println!("{l}");
     }
     let floor_p50 =
@@ -259,14 +224,22 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
         for j in 0..args.p2_volumes {
             up.claim(&format!("{n}-{j}"), "4Mi").await?;
         }
-        up.vm(n, &args.guest).await?;
     }
     let boot = Instant::now();
-    let mut consoles = Vec::new();
     for n in &names {
-        consoles.push(up.console(n).await?);
+        up.vm(n, &args.guest, &args.kernel_args).await?;
     }
-    println!("P2: {} VMs running and ready after {:.1} s", names.len(), boot.elapsed().as_secs_f64());
+    let (mut guests, retried) = up.boot_all(&names, boot, args.boot(names.len())).await?;
+    let retried: Vec<&str> = retried.iter().map(|r| r.name.as_str()).collect();
+    println!(
+        "P2: {} VMs running and ready after {:.1} s (boot deadline {}; {} retried{}{})",
+        names.len(),
+        boot.elapsed().as_secs_f64(),
+        secs(args.boot(names.len())),
+        retried.len(),
+        if retried.is_empty() { "" } else { ": " },
+        retried.join(", ")
+    );
     let mut converged = Vec::new();
     for (label, plug) in [("plug", true), ("unplug", false)] {
         let t = Instant::now();
@@ -278,17 +251,14 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
         for r in futures::future::join_all(sends).await {
             r?;
         }
-        let waits = consoles.iter_mut().map(|c| async move {
-            let mut count = 0;
-            while count < args.p2_volumes {
-                let l =
-                    c.wait_for(Duration::from_secs(120), |l| if plug { l.starts_with("BLOCK+") } else { l.starts_with("BLOCK-") }).await;
-                l.context("a guest did not converge within 120 s")?;
-                count += 1;
-            }
-            anyhow::Ok(t.elapsed().as_secs_f64())
-        });
-        let (api, done) = tokio::join!(api_converged(&up.client, &names, args.p2_volumes, plug, t), futures::future::join_all(waits));
+        let want = if plug { "BLOCK+" } else { "BLOCK-" };
+        let waits = guests.iter_mut().map(|g| guest_converged(g, want, args.p2_volumes, t, args.converge()));
+        let (api, done) =
+            tokio::join!(api_converged(&up.client, &names, args.p2_volumes, plug, t, args.converge()), futures::future::join_all(waits));
+        let failed: Vec<String> = done.iter().filter_map(|r| r.as_ref().err().map(|e| format!("{e:#}"))).collect();
+        if !failed.is_empty() {
+            bail!("P2 {label}: {} of {} guests did not converge:\n{}", failed.len(), names.len(), failed.join("\n\n"));
+        }
         let done: Vec<f64> = done.into_iter().collect::<anyhow::Result<_>>()?;
         let last = done.iter().copied().fold(0.0, f64::max);
         converged.push(last);
@@ -307,13 +277,10 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
     // The floor, in the same invocation: the same fleet plugged straight over QMP.
     let (vms, k) = (args.p2_vms.to_string(), args.p2_volumes.to_string());
     println!("\nP2 floor (same invocation): {} --fleet-vms {vms} --fleet-volumes {k}", args.floor.display());
-    let out = Command::new(&args.floor).args(["--fleet-vms", &vms, "--fleet-volumes", &k, "--guest"]).arg(&args.guest).output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!("the P2 floor failed: {text}{}", String::from_utf8_lossy(&out.stderr));
-    }
+    let c = args.converge_deadline.to_string();
+    let text = args.run_floor(&["--fleet-vms".into(), vms, "--fleet-volumes".into(), k, "--converge-deadline".into(), c]).await?;
     let mut floors = Vec::new();
-    for l in text.lines().filter(|l| l.starts_with("fleet")) {
+    for l in text.lines().filter(|l| l.starts_with("fleet") || l.starts_with("retry")) {
         println!("{l}");
         let f = l.split("every guest converged ").nth(1).and_then(|r| r.split(' ').next()).and_then(|x| x.parse::<f64>().ok());
         floors.extend(f);
@@ -324,53 +291,78 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits until guest `g` has printed `k` lines starting with `want` (one per disk), by
+/// `t + deadline`; seconds since `t`.
+async fn guest_converged(g: &mut Guest, want: &str, k: usize, t: Instant, deadline: Duration) -> anyhow::Result<f64> {
+    let end = t + deadline;
+    for count in 0..k {
+        let left = end.saturating_duration_since(Instant::now());
+        if let Err(m) = g.console.next_matching(left, |l| l.starts_with(want)).await {
+            bail!("VM {}: {count} of {k} `{want}` lines within {} of the spec edits ({m})\n{}", g.name, secs(deadline), g.tail());
+        }
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
 /// The API's view of convergence, on a VMI watch (no polling): every VMI of `names` has `k`
-/// hot-plug volumes `Ready` (plug) or none left (unplug). Seconds since `t`.
-async fn api_converged(client: &kube::Client, names: &[String], k: usize, plug: bool, t: Instant) -> anyhow::Result<f64> {
+/// hot-plug volumes `Ready` (plug) or none left (unplug), by `t + deadline`. Seconds since `t`.
+async fn api_converged(
+    client: &kube::Client,
+    names: &[String],
+    k: usize,
+    plug: bool,
+    t: Instant,
+    deadline: Duration,
+) -> anyhow::Result<f64> {
     use futures::StreamExt;
     use kube::runtime::WatchStreamExt;
     let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
     let mut ok: std::collections::HashMap<String, bool> = std::collections::HashMap::new();
     let mut events = kube::runtime::watcher(api, kube::runtime::watcher::Config::default()).applied_objects().boxed();
-    while let Some(v) = events.next().await {
-        let v = v?;
-        let entries = v.status.as_ref().map_or(0, |s| {
-            s.volume_status.iter().filter(|e| e.hotplug_volume.is_some() && (!plug || e.phase.as_deref() == Some("Ready"))).count()
-        });
-        ok.insert(v.metadata.name.clone().unwrap_or_default(), if plug { entries == k } else { entries == 0 });
-        if names.iter().all(|n| ok.get(n) == Some(&true)) {
-            return Ok(t.elapsed().as_secs_f64());
+    let end = tokio::time::Instant::from_std(t + deadline);
+    let watched = tokio::time::timeout_at(end, async {
+        while let Some(v) = events.next().await {
+            let v = v?;
+            let entries = v.status.as_ref().map_or(0, |s| {
+                s.volume_status
+                    .iter()
+                    .filter(|e| e.hotplug_volume.is_some() && (!plug || e.phase == Some(api::phases::VolumePhase::Ready)))
+                    .count()
+            });
+            ok.insert(v.metadata.name.clone().unwrap_or_default(), if plug { entries == k } else { entries == 0 });
+            if names.iter().all(|n| ok.get(n) == Some(&true)) {
+                return Ok(t.elapsed().as_secs_f64());
+            }
         }
+        bail!("the VMI watch ended")
+    })
+    .await;
+    if let Ok(r) = watched {
+        return r;
     }
-    bail!("the VMI watch ended")
+    let behind: Vec<&str> = names.iter().filter(|n| ok.get(*n) != Some(&true)).map(String::as_str).collect();
+    let state = if plug { format!("{k} hot-plug volumes Ready") } else { "no hot-plug volume left".to_owned() };
+    bail!("timed out after {} waiting for every VMI to have {state}; not yet: {}", secs(deadline), behind.join(", "))
 }
 
 /// CPU time of this process's waited-for children (cutime + cstime), in seconds.
 fn children_cpu() -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
-    let after = stat.rsplit_once(')').map(|(_, r)| r).context("stat")?;
+    let after = stat.rsplit_once(')').map(|(_, r)| r).context("no ')' in /proc/self/stat")?;
     let f: Vec<&str> = after.split_whitespace().collect();
-    Ok((f[13].parse::<f64>()? + f[14].parse::<f64>()?) / 100.0)
+    let (cu, cs) = (f.get(13).context("no cutime in /proc/self/stat")?, f.get(14).context("no cstime in /proc/self/stat")?);
+    Ok((cu.parse::<f64>()? + cs.parse::<f64>()?) / 100.0)
 }
 
 async fn p3(args: &Args) -> anyhow::Result<()> {
     let up = start_up(&args.virtplug).await?;
-    up.vm("p3", &args.guest).await?;
-    let _con = up.console("p3").await?;
+    let start = Instant::now();
+    up.vm("p3", &args.guest, &args.kernel_args).await?;
+    let guest = boot_one(&up, "p3", start, args).await?;
     let claims: Vec<String> = (0..args.p3_volumes).map(|i| format!("never-{i}")).collect();
     up.set_volumes("p3", &claims).await?;
-    let vmis: Api<VirtualMachineInstance> = Api::namespaced(up.client.clone(), "default");
-    let end = Instant::now() + Duration::from_secs(120);
-    loop {
-        let n = vmis.get("p3").await?.status.map_or(0, |s| s.volume_status.len());
-        if n == claims.len() {
-            break;
-        }
-        if Instant::now() > end {
-            bail!("only {n} of {} volumes reported Pending", claims.len());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let all = |v: &VirtualMachineInstance| (v.status.as_ref().map_or(0, |s| s.volume_status.len()) == claims.len()).then_some(());
+    poll_vmi(&up, "p3", Duration::from_secs(120), &format!("all {} volumes to be reported Pending", claims.len()), all).await?;
     let pid = up.child.id();
     let c0 = cpu_seconds(pid)?;
     tokio::time::sleep(Duration::from_secs(args.p3_seconds)).await;
@@ -378,25 +370,16 @@ async fn p3(args: &Args) -> anyhow::Result<()> {
 
     // The poller: KubeVirt's lookup, once per second per volume, for the same time.
     let storage = up.dir.path().join("storage");
-    let q = std::fs::read_dir(up.dir.path().join("node/vmis"))?
-        .flatten()
-        .find_map(|d| qemu::process::adopt(&d.path()).ok())
-        .context("no QEMU")?;
+    let q = qemu::process::adopt(&guest.run).with_context(|| format!("the QEMU of VM p3 ({})", guest.run.display()))?;
     let before = children_cpu()?;
     let start = Instant::now();
     let mut spawned = 0u64;
     for second in 0..args.p3_seconds {
         for c in &claims {
-            let target = storage.join(c);
-            let _ = Command::new("findmnt")
-                .arg("-T")
-                .arg(&target)
-                .arg("-N")
-                .arg(q.pid.to_string())
-                .arg("-J")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()?;
+            let mut findmnt = tokio::process::Command::new("findmnt");
+            findmnt.arg("-T").arg(storage.join(c)).arg("-N").arg(q.pid.to_string()).arg("-J");
+            findmnt.stdout(Stdio::null()).stderr(Stdio::null()).kill_on_drop(true);
+            within(Duration::from_secs(10), "findmnt (the poller)", async { Ok(findmnt.status().await?) }).await?;
             spawned += 1;
         }
         let next = Duration::from_secs(second + 1);
@@ -420,18 +403,26 @@ async fn p3(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run(args: &Args) -> anyhow::Result<()> {
+    if args.p1 > 0 {
+        p1(args).await?;
+    }
+    if args.p2_vms > 0 {
+        p2(args).await?;
+    }
+    if args.p3_volumes > 0 {
+        p3(args).await?;
+    }
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
-    if args.p1 > 0 {
-        p1(&args).await?;
+    // Stopping the harness drops the run: `up` and every QEMU it started are killed.
+    tokio::select! {
+        r = run(&args) => r,
+        s = stop_signal() => bail!("stopped by {s}; `virtplug up` and its QEMUs were killed"),
     }
-    if args.p2_vms > 0 {
-        p2(&args).await?;
-    }
-    if args.p3_volumes > 0 {
-        p3(&args).await?;
-    }
-    Ok(())
 }

@@ -6,23 +6,28 @@
 //! - attach (add-fd, blockdev-add, remove-fd, device_add) → guest `SEEN` (detection, no fork in
 //!   the guest before it) and → `BLOCK+` (after the guest read size, first bytes and serial);
 //! - detach started → guest `BLOCK-` line, and → detach complete (DEVICE_DELETED, blockdev-del).
+//!
+//! Every wait has a deadline: a boot (`--boot-deadline`; a guest that misses it is reported with
+//! the last 30 lines of its console and booted once more in a fresh QEMU, a second miss fails
+//! the run), each guest report (10 s; fleet mode: `--converge-deadline`), each QMP command (the
+//! `qemu` crate's). SIGTERM or SIGINT stops the run and kills its QEMUs.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Parser;
 use qemu::accel::Resolved;
 use qemu::cmdline::{CdromDrive, KernelBoot, LaunchSpec};
-use qemu::console::Console;
-use qemu::ops::{Attach, DeviceKind, Machine, Source};
+use qemu::console::{Console, Line, Missed};
 use qemu::qmp::Qmp;
+use qemu::{Attach, DeviceKind, Machine, Source};
+use virtplug_bench::cputime::cpu_seconds;
+use virtplug_bench::waits::{boot_deadline, console_tail, secs, stop_signal, TAIL_LINES};
+use virtplug_bench::GUEST_KERNEL_ARGS;
 
-mod cputime;
-use cputime::cpu_seconds;
-
-#[derive(Parser)]
+#[derive(Parser, Clone)]
 struct Args {
     /// The test guest (scripts/build-test-guest.sh).
     #[arg(long, default_value = ".cache/guest")]
@@ -50,9 +55,25 @@ struct Args {
     /// what the sandbox costs).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     sandbox: bool,
+    /// Seconds a guest may take from QEMU's start to `VP-READY`; 0: 120 s + 8 s per guest
+    /// booting at once (fleet mode: all of them; else 1). A guest that misses it is reported with
+    /// its console tail and booted once more in a fresh QEMU; a second miss fails the run.
+    #[arg(long, default_value_t = 0)]
+    boot_deadline: u64,
+    /// The guest's kernel command line.
+    #[arg(long, default_value = GUEST_KERNEL_ARGS)]
+    kernel_args: String,
+    /// Fleet mode: seconds every guest may take to report every disk of a plug (or unplug).
+    #[arg(long, default_value_t = 120)]
+    converge_deadline: u64,
 }
 
+/// How long the guest may take to report one hot-plug or unplug (one VM, nothing else running).
+const SEE: Duration = Duration::from_secs(10);
+
 struct Vm {
+    label: String,
+    run: PathBuf,
     process: qemu::process::Process,
     machine: Machine,
     console: Console,
@@ -69,17 +90,35 @@ impl Drop for Vm {
     }
 }
 
+impl Vm {
+    fn tail(&self) -> String {
+        console_tail(&self.run.join("serial.log"), TAIL_LINES)
+    }
+
+    /// The next console line matching `pred`, within `deadline`; the error names `what` and
+    /// shows the console's tail.
+    async fn expect(&mut self, deadline: Duration, what: &str, pred: impl Fn(&str) -> bool) -> anyhow::Result<Line> {
+        match self.console.next_matching(deadline, pred).await {
+            Ok(l) => Ok(l),
+            Err(Missed::Deadline(_)) => bail!("{}: the guest printed no {what} within {}\n{}", self.label, secs(deadline), self.tail()),
+            Err(Missed::Closed) => bail!("{}: the console closed (QEMU exited) before {what}\n{}", self.label, self.tail()),
+        }
+    }
+}
+
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 fn stats(mut v: Vec<f64>) -> String {
+    if v.is_empty() {
+        return "- | - | - | 0".to_owned();
+    }
     v.sort_by(f64::total_cmp);
     let p = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
     format!("{:.1} | {:.1} | {:.1} | {}", p(0.5), p(0.99), v[v.len() - 1], v.len())
 }
 
-async fn boot(args: &Args, dir: &std::path::Path) -> anyhow::Result<(Vm, f64)> {
-    boot_with(args, dir, 256, "console=ttyS0 quiet panic=-1 mitigations=off", Duration::from_secs(120)).await
-}
-
-async fn boot_with(args: &Args, dir: &std::path::Path, memory_mib: u64, cmdline: &str, deadline: Duration) -> anyhow::Result<(Vm, f64)> {
+/// Boots the test guest in `dir` and waits for `VP-READY` (ms since QEMU's start) within
+/// `--boot-deadline`; on failure its QEMU is killed and the error carries its console tail.
+async fn boot_once(args: &Args, label: &str, dir: &Path, memory_mib: u64) -> anyhow::Result<(Vm, f64)> {
     let spec = LaunchSpec {
         name: "bench".into(),
         run_dir: dir.to_owned(),
@@ -89,7 +128,7 @@ async fn boot_with(args: &Args, dir: &std::path::Path, memory_mib: u64, cmdline:
         kernel: Some(KernelBoot {
             kernel: args.guest.join("vmlinuz"),
             initrd: Some(args.guest.join("initramfs.cpio.gz")),
-            cmdline: cmdline.into(),
+            cmdline: args.kernel_args.clone(),
         }),
         boot_disks: vec![],
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
@@ -99,30 +138,64 @@ async fn boot_with(args: &Args, dir: &std::path::Path, memory_mib: u64, cmdline:
         run_as: None,
     };
     let start = Instant::now();
-    let process = qemu::process::launch(&spec).await?;
-    let mut console = Console::connect(&spec.serial_socket(), Duration::from_secs(5)).await?;
-    let qmp = Qmp::connect_within(&spec.qmp_socket(), Duration::from_secs(5)).await?;
-    let ready = console.wait_for(deadline, |l| l.starts_with("VP-READY")).await.context("no VP-READY")?;
-    Ok((Vm { process, machine: Machine::new(qmp), console }, ready.at.duration_since(start).as_secs_f64() * 1000.0))
+    let process = qemu::process::launch(&spec).await.with_context(|| format!("{label}: QEMU did not start"))?;
+    // From here on a failure drops `vm` (or kills `process`), which kills this QEMU.
+    let kill = |p: &qemu::process::Process| {
+        if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    };
+    let connected = async {
+        let console = Console::connect(&spec.serial_socket(), Duration::from_secs(5)).await.context("its serial console")?;
+        let qmp = Qmp::connect_within(&spec.qmp_socket(), Duration::from_secs(5)).await.context("QMP")?;
+        anyhow::Ok((console, qmp))
+    };
+    let (console, qmp) = match connected.await {
+        Ok(c) => c,
+        Err(e) => {
+            kill(&process);
+            return Err(e.context(format!("{label}: cannot connect to its QEMU")));
+        }
+    };
+    let mut vm = Vm { label: label.to_owned(), run: dir.to_owned(), process, machine: Machine::new(qmp), console };
+    let deadline = boot_deadline(args.boot_deadline, args.fleet_vms.max(1));
+    let ready = vm.expect(deadline, "VP-READY", |l| l.starts_with("VP-READY")).await?;
+    Ok((vm, ready.at.duration_since(start).as_secs_f64() * 1000.0))
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+/// [`boot_once`], and once more in a fresh QEMU (run dir `DIR-retry`) if the first boot fails;
+/// the failed attempt is reported (`retry: ...`, with its console tail).
+async fn boot(args: &Args, label: &str, dir: &Path, memory_mib: u64) -> anyhow::Result<(Vm, f64)> {
+    match boot_once(args, label, dir, memory_mib).await {
+        Ok(b) => Ok(b),
+        Err(first) => {
+            println!("retry: {first:#}\n  → booting {label} once more in a fresh QEMU");
+            let again = dir.with_file_name(format!("{}-retry", dir.file_name().and_then(|n| n.to_str()).unwrap_or("vm")));
+            boot_once(args, label, &again, memory_mib).await.map_err(|e| anyhow::anyhow!("first attempt: {first:#}\n\nfresh QEMU: {e:#}"))
+        }
+    }
+}
+
+async fn run(args: &Args) -> anyhow::Result<()> {
+    // QEMU runs in `/`: it gets absolute paths.
+    let guest =
+        args.guest.canonicalize().with_context(|| format!("no test guest at {} (scripts/build-test-guest.sh)", args.guest.display()))?;
+    let args = &Args { guest, ..args.clone() };
     let tmp = tempfile::tempdir()?;
     if args.fleet_vms > 0 {
-        return fleet(&args, tmp.path()).await;
+        return fleet(args, tmp.path()).await;
     }
     let mut boots = Vec::new();
     for i in 0..args.boots {
-        let (vm, ms) = boot(&args, &tmp.path().join(format!("boot{i}"))).await?;
+        let (vm, ms) = boot(args, &format!("boot {i}"), &tmp.path().join(format!("boot{i}")), 256).await?;
         boots.push(ms);
         drop(vm);
     }
-    let (mut vm, _) = boot(&args, &tmp.path().join("main")).await?;
+    let (mut vm, _) = boot(args, "the measured VM", &tmp.path().join("main"), 256).await?;
     let idle = if args.idle_seconds > 0 {
         let c0 = cpu_seconds(vm.process.pid)?;
         tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+        #[allow(clippy::cast_precision_loss)]
         Some((cpu_seconds(vm.process.pid)? - c0) / args.idle_seconds as f64 * 100.0)
     } else {
         None
@@ -131,7 +204,7 @@ async fn main() -> anyhow::Result<()> {
     let mut rtt = Vec::new();
     for _ in 0..200 {
         let t = Instant::now();
-        vm.machine.qmp.execute("query-status", serde_json::json!({})).await?;
+        vm.machine.execute("query-status", serde_json::json!({})).await?;
         rtt.push(t.elapsed().as_secs_f64() * 1000.0);
     }
 
@@ -155,21 +228,20 @@ async fn main() -> anyhow::Result<()> {
                 source: Source::Fd(fd.into()),
             })
             .await?;
-        let seen = vm.console.wait_for(Duration::from_secs(10), |l| l.starts_with("SEEN ")).await.context("no SEEN")?;
+        let seen = vm.expect(SEE, &format!("SEEN for {volume}"), |l| l.starts_with("SEEN ")).await?;
         detect.push(seen.at.duration_since(t).as_secs_f64() * 1000.0);
         let want = format!("id=serial.{volume}");
-        let line =
-            vm.console.wait_for(Duration::from_secs(10), |l| l.starts_with("BLOCK+") && l.contains(&want)).await.context("no BLOCK+")?;
+        let line = vm.expect(SEE, &format!("BLOCK+ for {volume}"), |l| l.starts_with("BLOCK+") && l.contains(&want)).await?;
         plug.push(line.at.duration_since(t).as_secs_f64() * 1000.0);
         let dev = line.text.split_whitespace().nth(1).unwrap_or("sda").to_owned();
 
         let t = Instant::now();
         let detach = vm.machine.detach(&volume);
-        let see = vm.console.wait_for(Duration::from_secs(10), |l| l.starts_with(&format!("BLOCK- {dev} ")));
+        let see = vm.console.next_matching(SEE, |l| l.starts_with(&format!("BLOCK- {dev} ")));
         let (d, seen) = tokio::join!(detach, see);
         d?;
         detach_done.push(t.elapsed().as_secs_f64() * 1000.0);
-        let seen = seen.context("no BLOCK-")?;
+        let seen = seen.map_err(|m| anyhow::anyhow!("the guest printed no BLOCK- {dev} for {volume} ({m})\n{}", vm.tail()))?;
         gone.push(seen.at.duration_since(t).as_secs_f64() * 1000.0);
     }
     println!("| measure (ms) | p50 | p99 | max | n |");
@@ -186,26 +258,41 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // Stopping the harness (the end-to-end harness sends SIGTERM at its deadline) drops the
+    // run, and with it every QEMU the run started.
+    tokio::select! {
+        r = run(&args) => r,
+        s = stop_signal() => bail!("stopped by {s}; its QEMUs were killed"),
+    }
+}
+
 /// P2's floor: the same fleet and volumes as P2, plugged and unplugged straight over QMP (one
 /// task per VM attaching its volumes in turn by fd, as the node agent's worker does), timed to
 /// the moment every guest has reported every disk.
-async fn fleet(args: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
-    let cmdline = "console=ttyS0 quiet panic=-1 mitigations=off".to_owned();
+async fn fleet(args: &Args, dir: &Path) -> anyhow::Result<()> {
     let t = Instant::now();
-    let boots = (0..args.fleet_vms).map(|i| {
-        let cmdline = cmdline.clone();
-        async move { boot_with(args, &dir.join(format!("vm{i}")), args.fleet_memory_mib, &cmdline, Duration::from_secs(900)).await }
+    let boots = (0..args.fleet_vms).map(|i| async move {
+        let (label, run) = (format!("fleet VM {i}"), dir.join(format!("vm{i}")));
+        boot(args, &label, &run, args.fleet_memory_mib).await
     });
-    let mut vms: Vec<Vm> =
-        futures::future::join_all(boots).await.into_iter().map(|r| r.map(|(vm, _)| vm)).collect::<anyhow::Result<_>>()?;
-    println!("fleet: {} VMs ready after {:.1} s", vms.len(), t.elapsed().as_secs_f64());
+    let booted = futures::future::join_all(boots).await;
+    let failed: Vec<String> = booted.iter().filter_map(|r| r.as_ref().err().map(|e| format!("{e:#}"))).collect();
+    if !failed.is_empty() {
+        bail!("{} of {} fleet VMs did not boot to VP-READY, twice:\n{}", failed.len(), args.fleet_vms, failed.join("\n\n"));
+    }
+    let mut vms: Vec<Vm> = booted.into_iter().map(|r| r.map(|(vm, _)| vm)).collect::<anyhow::Result<_>>()?;
+    let deadline = secs(boot_deadline(args.boot_deadline, args.fleet_vms));
+    println!("fleet: {} VMs ready after {:.1} s (boot deadline {deadline})", vms.len(), t.elapsed().as_secs_f64());
 
     // QMP round trip with every guest running (20 per VM, all VMs at once).
     let rtts = vms.iter().map(|vm| async move {
         let mut v = Vec::new();
         for _ in 0..20 {
             let t = Instant::now();
-            vm.machine.qmp.execute("query-status", serde_json::json!({})).await?;
+            vm.machine.execute("query-status", serde_json::json!({})).await?;
             v.push(t.elapsed().as_secs_f64() * 1000.0);
         }
         anyhow::Ok(v)
@@ -224,31 +311,19 @@ async fn fleet(args: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
     }
     for plug in [true, false] {
         let t = Instant::now();
-        let runs = vms.iter_mut().enumerate().map(|(i, vm)| async move {
-            for j in 0..args.fleet_volumes {
-                let volume = format!("f{j}");
-                if plug {
-                    let fd = std::fs::OpenOptions::new().read(true).write(true).open(dir.join(format!("vm{i}-{j}.img")))?;
-                    let a = Attach {
-                        volume: volume.clone(),
-                        serial: volume,
-                        kind: DeviceKind::Disk,
-                        readonly: false,
-                        source: Source::Fd(fd.into()),
-                    };
-                    vm.machine.attach(a).await?;
-                } else {
-                    vm.machine.detach(&volume).await?;
-                }
-            }
-            let qmp_done = t.elapsed().as_secs_f64();
-            for _ in 0..args.fleet_volumes {
-                let want = if plug { "BLOCK+" } else { "BLOCK-" };
-                vm.console.wait_for(Duration::from_secs(600), |l| l.starts_with(want)).await.context("a guest did not converge")?;
-            }
-            anyhow::Ok((qmp_done, t.elapsed().as_secs_f64()))
-        });
-        let done: Vec<(f64, f64)> = futures::future::join_all(runs).await.into_iter().collect::<anyhow::Result<_>>()?;
+        let runs = vms.iter_mut().enumerate().map(|(i, vm)| fleet_vm(args, dir, i, vm, plug, t));
+        let done = futures::future::join_all(runs).await;
+        let failed: Vec<String> = done.iter().filter_map(|r| r.as_ref().err().map(|e| format!("{e:#}"))).collect();
+        if !failed.is_empty() {
+            bail!(
+                "fleet {}: {} of {} guests did not converge:\n{}",
+                if plug { "plug" } else { "unplug" },
+                failed.len(),
+                vms.len(),
+                failed.join("\n\n")
+            );
+        }
+        let done: Vec<(f64, f64)> = done.into_iter().collect::<anyhow::Result<_>>()?;
         let (qmp_last, last) = done.iter().fold((0.0f64, 0.0f64), |(a, b), (q, d)| (a.max(*q), b.max(*d)));
         let first = done.iter().map(|(_, d)| *d).fold(f64::MAX, f64::min);
         println!(
@@ -259,4 +334,31 @@ async fn fleet(args: &Args, dir: &std::path::Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// One fleet VM's part of a plug (or unplug): its volumes attached (detached) in turn, then its
+/// guest's reports awaited until `t + --converge-deadline`. Seconds since `t` to the last QMP
+/// call and to the last report.
+async fn fleet_vm(args: &Args, dir: &Path, i: usize, vm: &mut Vm, plug: bool, t: Instant) -> anyhow::Result<(f64, f64)> {
+    for j in 0..args.fleet_volumes {
+        let volume = format!("f{j}");
+        if plug {
+            let fd = std::fs::OpenOptions::new().read(true).write(true).open(dir.join(format!("vm{i}-{j}.img")))?;
+            let a =
+                Attach { volume: volume.clone(), serial: volume, kind: DeviceKind::Disk, readonly: false, source: Source::Fd(fd.into()) };
+            vm.machine.attach(a).await?;
+        } else {
+            vm.machine.detach(&volume).await?;
+        }
+    }
+    let qmp_done = t.elapsed().as_secs_f64();
+    let deadline = Duration::from_secs(args.converge_deadline);
+    let end = t + deadline;
+    let want = if plug { "BLOCK+" } else { "BLOCK-" };
+    for count in 0..args.fleet_volumes {
+        if let Err(m) = vm.console.next_matching(end.saturating_duration_since(Instant::now()), |l| l.starts_with(want)).await {
+            bail!("{}: {count} of {} `{want}` lines within {} ({m})\n{}", vm.label, args.fleet_volumes, secs(deadline), vm.tail());
+        }
+    }
+    Ok((qmp_done, t.elapsed().as_secs_f64()))
 }

@@ -31,12 +31,21 @@ impl ServerProcess {
             .spawn()
             .expect("virtplug apiserver starts");
         let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let first = lines.next().expect("a first line").expect("readable");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next());
+            // Keep draining stdout so the server never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let mut server = ServerProcess { child, kubeconfig: dir.join("kubeconfig") };
+        let first = rx.recv_timeout(Duration::from_secs(60)).ok().flatten().and_then(Result::ok);
+        let Some(first) = first else {
+            server.kill9();
+            panic!("the server printed no first line within 60 s");
+        };
         assert!(first.contains("serving the Kubernetes API at https://127.0.0.1:"), "{first}");
-        // Keep draining stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        ServerProcess { child, kubeconfig: dir.join("kubeconfig") }
+        server
     }
 
     fn kill9(&mut self) {
@@ -138,13 +147,11 @@ async fn sigterm_and_sigint_shut_down_cleanly() {
         api.create(&PostParams::default(), &serde_json::from_value(common::vm(name)).unwrap()).await.unwrap();
         let pid = rustix::process::Pid::from_raw(i32::try_from(server.child.id()).unwrap()).unwrap();
         rustix::process::kill_process(pid, signal).unwrap();
-        let status = tokio::task::spawn_blocking(move || {
-            let s = server.child.wait().unwrap();
-            (s, server)
+        let status = common::wait_until(Duration::from_secs(60), &format!("the server to exit after {signal:?}"), || {
+            let r = server.child.try_wait().unwrap();
+            async move { r }
         })
-        .await
-        .unwrap()
-        .0;
+        .await;
         assert!(status.success(), "{signal:?}: exit {status:?}");
     }
     let _server = ServerProcess::start(dir.path());

@@ -1,0 +1,15 @@
+//! What the benchmark harnesses share (their results go to BENCHMARKS.md): CPU time of a
+//! process, deadlines for every wait, and the end-to-end harness's `virtplug up`.
+
+pub mod cputime;
+pub mod up;
+pub mod waits;
+
+/// The test guest's kernel command line, as every harness boots it (`--kernel-args` overrides).
+///
+/// Two parameters keep a guest booting on a loaded host under TCG (32 guests on 2 cores):
+/// `no_timer_check` skips the IO-APIC timer check, which misses its ticks there and panics
+/// ("IO-APIC + timer doesn't work!": a reboot with `panic=-1`, 21 of 96 boots), and
+/// `tsc=unstable` keeps time by the HPET, as the calibration of the TSC can come out 10-80×
+/// too slow there and make the guest's clock run that much fast (tests/guest/init).
+pub const GUEST_KERNEL_ARGS: &str = "console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable";
