@@ -1,0 +1,23 @@
+//! The QEMU command line from an arbitrary VMI spec (as an API server without virtplug's
+//! admission could store it): building it never panics, and every option argument parses back
+//! into exactly the options this crate writes — no string from the spec adds a key.
+#![no_main]
+
+use std::path::{Path, PathBuf};
+
+use qemu::accel::Resolved;
+use qemu::bootfiles::AllowedDirs;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let Ok(spec) = serde_json::from_slice::<api::kubevirt::VirtualMachineInstanceSpec>(data) else { return };
+    // Names and paths from the spec itself: the volume name becomes part of the source path, as
+    // emptyDisk image names do.
+    let source = |v: &api::kubevirt::Volume| Some(PathBuf::from(format!("/run/vp,{}/empty-{}.img", v.name, v.name)));
+    let name = spec.domain.devices.disks.first().map(|d| format!("ns_{},x=y", d.name)).unwrap_or_default();
+    if let Ok(launch) = qemu::cmdline::from_vmi(&spec, &name, Path::new("/run/vp,x=y"), Resolved::Tcg, &AllowedDirs::default(), source) {
+        let args = launch.args();
+        if let Err(e) = qemu::cmdline::audit(&args) {
+            panic!("{e}");
+        }
+    }
+});
