@@ -14,7 +14,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cmdline::CmdlineError;
+/// A path refused for a field of the spec (its message says why and what to do).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{field}: {message}")]
+pub struct Refused {
+    pub field: String,
+    pub message: String,
+}
 
 /// The directories kernels and initrds may come from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -48,11 +54,11 @@ impl AllowedDirs {
     /// Resolves `path` (the value of spec field `field`) to the file QEMU may open.
     ///
     /// # Errors
-    /// `Invalid` naming the field when the path is relative, has a comma, or is not a regular
+    /// [`Refused`] naming the field when the path is relative, has a comma, or is not a regular
     /// file inside an allowed directory. The message is the same whether the file is missing
     /// or outside, so a spec cannot probe the host's files.
-    pub fn resolve(&self, path: &str, field: &str) -> Result<PathBuf, CmdlineError> {
-        let invalid = |message: String| CmdlineError::Invalid { field: field.to_owned(), message };
+    pub fn resolve(&self, path: &str, field: &str) -> Result<PathBuf, Refused> {
+        let invalid = |message: String| Refused { field: field.to_owned(), message };
         if !path.starts_with('/') {
             return Err(invalid(format!("{path:?} is not an absolute path; give the host path of the file")));
         }

@@ -34,6 +34,12 @@ pub enum CmdlineError {
     Invalid { field: String, message: String },
 }
 
+impl From<crate::bootfiles::Refused> for CmdlineError {
+    fn from(r: crate::bootfiles::Refused) -> CmdlineError {
+        CmdlineError::Invalid { field: r.field, message: r.message }
+    }
+}
+
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> CmdlineError {
     CmdlineError::Invalid { field: field.into(), message: message.into() }
 }

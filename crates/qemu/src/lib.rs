@@ -3,20 +3,32 @@
 //! - [`accel`]: choosing KVM or TCG, never an accelerator that cannot run the guest.
 //! - [`cmdline`]: the command line of a VMI (q35, hot-plug SCSI bus, AHCI CD-ROMs, kernel boot).
 //! - [`process`]: launch in a session of its own under its seccomp sandbox, adopt from the pidfile, stop by PID.
-//! - [`qmp`]: the async QMP client with SCM_RIGHTS fd passing.
-//! - [`ops`]: attach, detach, media insert/eject/swap, what is attached, boot order, shutdown.
+//! - [`qmp`]: the QMP seam ([`qmp::Monitor`]), its async client with SCM_RIGHTS fd passing
+//!   ([`Qmp`]), and a scripted fake for tests.
+//! - [`machine`]: [`Machine`], the operations on one running QEMU: raw commands, boot order, shutdown.
+//! - [`hotplug`]: attach (stage, plug) and detach of disks and LUNs.
+//! - [`media`]: CD-ROM media insert, swap, eject.
+//! - [`inventory`]: what QEMU holds, and the leftovers of an interrupted operation.
+//! - [`names`]: a volume's device id and block node name.
 //! - [`console`]: the guest's serial console, line by line.
 
 pub mod accel;
 pub mod bootfiles;
 pub mod cmdline;
 pub mod console;
-pub mod ops;
+pub mod hotplug;
+pub mod inventory;
+pub mod machine;
+pub mod media;
+pub mod names;
 pub mod opts;
 pub mod process;
 pub mod qmp;
 
 pub use accel::Accel;
 pub use cmdline::LaunchSpec;
-pub use ops::{Attach, DeviceKind, Machine, OpError, Source};
-pub use qmp::{Qmp, QmpError};
+pub use hotplug::{Attach, DeviceKind, OpError, Source, Staged, UNPLUG_DEADLINE};
+pub use inventory::{Attached, Drive, Inventory};
+pub use machine::Machine;
+pub use names::{device_id, node_name};
+pub use qmp::{Monitor, Qmp, QmpError};

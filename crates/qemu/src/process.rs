@@ -60,26 +60,15 @@ const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 /// `RunDir`, `Spawn`, or `Failed` with QEMU's own message (from `qemu.log`) when it exits
 /// before answering, or does not answer within a minute.
 pub async fn launch(spec: &LaunchSpec) -> Result<Process, ProcessError> {
-    let run_err = |source| ProcessError::RunDir { path: spec.run_dir.clone(), source };
-    private_run_dir(&spec.run_dir, &spec.serial_log()).map_err(run_err)?;
-    for stale in [spec.qmp_socket(), spec.serial_socket(), spec.pidfile()] {
-        match std::fs::remove_file(&stale) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(run_err(e)),
-        }
-    }
+    let log = prepare(spec).await?;
     let log_path = spec.run_dir.join("qemu.log");
-    let log = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&log_path).map_err(run_err)?
-    };
     let args = spec.args();
     crate::cmdline::audit(&args)
         .map_err(|e| ProcessError::Failed { name: spec.name.clone(), stderr: format!("refusing to start QEMU: {e}") })?;
     let binary = qemu_binary();
     let mut cmd = tokio::process::Command::new(&binary);
-    cmd.args(args).current_dir("/").stdin(Stdio::null()).stdout(log.try_clone().map_err(run_err)?).stderr(log);
+    let stdout = log.try_clone().map_err(|source| ProcessError::RunDir { path: spec.run_dir.clone(), source })?;
+    cmd.args(args).current_dir("/").stdin(Stdio::null()).stdout(stdout).stderr(log);
     let own_ns = spec.own_mount_namespace;
     // SAFETY: the closure runs in the forked child between fork and exec, where only
     // async-signal-safe work is allowed. It makes raw system calls (setsid, and for bind-mount
@@ -103,24 +92,50 @@ pub async fn launch(spec: &LaunchSpec) -> Result<Process, ProcessError> {
         });
     }
     let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn { binary: binary.clone(), source })?;
-    let failed = |why: String| {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        ProcessError::Failed { name: spec.name.clone(), stderr: format!("{why}{}", log.trim()) }
-    };
     let qmp_socket = spec.qmp_socket();
-    tokio::select! {
+    // Why it did not come up, or `None` once it answers on QMP.
+    let failed = tokio::select! {
         status = child.wait() => {
-            let why = status.map_or_else(|e| format!("cannot wait for it ({e}); "), |s| if s.success() { String::new() } else { format!("{s}: ") });
-            return Err(failed(why));
+            Some(status.map_or_else(|e| format!("cannot wait for it ({e}); "), |s| if s.success() { String::new() } else { format!("{s}: ") }))
         }
-        qmp = crate::qmp::Qmp::connect_within(&qmp_socket, STARTUP_DEADLINE) => {
-            if let Err(e) = qmp {
-                let _ = child.start_kill();
-                return Err(failed(format!("it did not answer on QMP within {STARTUP_DEADLINE:?} ({e}); ")));
+        qmp = crate::qmp::Qmp::connect_within(&qmp_socket, STARTUP_DEADLINE) => qmp.err().map(|e| {
+            let _ = child.start_kill();
+            format!("it did not answer on QMP within {STARTUP_DEADLINE:?} ({e}); ")
+        }),
+    };
+    let Some(why) = failed else {
+        let run_dir = spec.run_dir.clone();
+        let adopted = tokio::task::spawn_blocking(move || adopt(&run_dir)).await;
+        return adopted.unwrap_or_else(|e| Err(ProcessError::NotRunning { run_dir: spec.run_dir.clone(), why: e.to_string() }));
+    };
+    // QEMU's own message is the end of its log.
+    let log = tokio::fs::read_to_string(&log_path).await.unwrap_or_default();
+    Err(ProcessError::Failed { name: spec.name.clone(), stderr: format!("{why}{}", log.trim()) })
+}
+
+/// Prepares the run dir — private ([`private_run_dir`]), without the sockets and pidfile of an
+/// earlier QEMU — and opens a fresh `qemu.log` for QEMU's stdout and stderr. File-system work
+/// (the run dir may sit on a slow disk), so on tokio's blocking threads, not the reactor.
+async fn prepare(spec: &LaunchSpec) -> Result<std::fs::File, ProcessError> {
+    let (run_dir, serial_log) = (spec.run_dir.clone(), spec.serial_log());
+    let stale = [spec.qmp_socket(), spec.serial_socket(), spec.pidfile()];
+    let work = move || -> std::io::Result<std::fs::File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        private_run_dir(&run_dir, &serial_log)?;
+        for path in stale {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
             }
         }
-    }
-    adopt(&spec.run_dir)
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(run_dir.join("qemu.log"))
+    };
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r)
+        .map_err(|source| ProcessError::RunDir { path: spec.run_dir.clone(), source })
 }
 
 /// Makes the run dir private before QEMU runs: the dir 0700 (its QMP socket controls QEMU), the

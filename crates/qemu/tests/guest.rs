@@ -15,9 +15,9 @@ use std::time::Duration;
 use qemu::accel::{self, Accel, Resolved};
 use qemu::cmdline::{CdromDrive, KernelBoot, LaunchSpec};
 use qemu::console::Console;
-use qemu::ops::{self, Attach, DeviceKind, Machine, OpError, Source};
 use qemu::process::{self, Process};
 use qemu::qmp::{Qmp, QmpError};
+use qemu::{node_name, Attach, DeviceKind, Inventory, Machine, OpError, Source};
 use serde_json::json;
 
 const BOOT: Duration = Duration::from_secs(60);
@@ -61,7 +61,7 @@ fn launch_spec(dir: &Path) -> LaunchSpec {
         kernel: Some(KernelBoot {
             kernel: g.join("vmlinuz"),
             initrd: Some(g.join("initramfs.cpio.gz")),
-            cmdline: "console=ttyS0 quiet panic=-1 mitigations=off".into(),
+            cmdline: "console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable".into(),
         }),
         boot_disks: vec![],
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
@@ -205,7 +205,7 @@ async fn boots_to_ready_and_hotplugs_file_and_loop_by_fd() {
     assert!(line.contains(&hex(b"VP-PATH-DISK-003")), "{line}");
     // Boot order for the next boot is a property of the device.
     vm.machine.set_bootindex("vp-vol-path", 5).await.unwrap();
-    let idx = vm.machine.qmp.execute("qom-get", json!({"path": "/machine/peripheral/vp-vol-path", "property": "bootindex"})).await.unwrap();
+    let idx = vm.machine.execute("qom-get", json!({"path": "/machine/peripheral/vp-vol-path", "property": "bootindex"})).await.unwrap();
     assert_eq!(idx, json!(5));
     vm.machine.detach("vol-path").await.unwrap();
     vm.see("the path disk unplugged", |l| l.starts_with("BLOCK- ")).await;
@@ -287,7 +287,7 @@ async fn a_new_client_sees_what_was_attached() {
     let e = Qmp::connect(&socket).await.err().expect("a second client is refused");
     assert!(e.to_string().contains("another QMP client"), "{e}");
     // Drop the client (as a restarted agent would have lost it), then attach a new one.
-    vm.machine.qmp.close();
+    vm.machine.close();
     vm.machine = Machine::new(Qmp::connect(&socket).await.unwrap());
     let after = vm.machine.attached().await.unwrap();
     assert_eq!(before, after);
@@ -300,7 +300,7 @@ async fn a_new_client_sees_what_was_attached() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_typed_and_qemu_keeps_running() {
     let vm = TestVm::boot().await;
-    let q = &vm.machine.qmp;
+    let q = &vm.machine;
     let dir = tempfile::tempdir().unwrap();
     let img = image(dir.path(), "e.img", b"VP-ERRORS-000000", 4 << 20);
 
@@ -314,7 +314,7 @@ async fn errors_are_typed_and_qemu_keeps_running() {
     // Duplicate device id.
     vm.machine.attach(disk("dup", open(&img, true))).await.unwrap();
     let e = q
-        .execute("device_add", json!({"driver": "scsi-hd", "id": "vp-dup", "bus": "hotplug-scsi.0", "drive": ops::node_name("dup")}))
+        .execute("device_add", json!({"driver": "scsi-hd", "id": "vp-dup", "bus": "hotplug-scsi.0", "drive": node_name("dup")}))
         .await
         .unwrap_err();
     assert!(matches!(&e, QmpError::Command { class, desc, .. } if class == "GenericError" && desc.contains("Duplicate")), "{e}");
@@ -390,7 +390,7 @@ async fn an_interrupted_attach_leaves_nothing_once_its_fd_sets_and_device_less_n
     let kept = image(dir.path(), "kept.img", b"VP-SWEEP-KEPT-01", 4 << 20);
     let set_only = image(dir.path(), "set.img", b"VP-SWEEP-FDSET-1", 4 << 20);
     let node_only = image(dir.path(), "node.img", b"VP-SWEEP-NODE-01", 4 << 20);
-    let q = &vm.machine.qmp;
+    let q = &vm.machine;
     vm.machine.attach(disk("kept", open(&kept, true))).await.unwrap();
     // Killed after add-fd, before blockdev-add: an fd set nobody removes.
     let fd = open(&set_only, true);
@@ -403,7 +403,7 @@ async fn an_interrupted_attach_leaves_nothing_once_its_fd_sets_and_device_less_n
     let set = r["fdset-id"].as_i64().unwrap();
     q.execute(
         "blockdev-add",
-        json!({"node-name": ops::node_name("node"), "driver": "raw", "file": {"driver": "file", "filename": format!("/dev/fdset/{set}")}}),
+        json!({"node-name": node_name("node"), "driver": "raw", "file": {"driver": "file", "filename": format!("/dev/fdset/{set}")}}),
     )
     .await
     .unwrap();
@@ -412,10 +412,10 @@ async fn an_interrupted_attach_leaves_nothing_once_its_fd_sets_and_device_less_n
     assert_eq!(vm.machine.remove_stale_fdsets().await.unwrap().len(), 2, "both stale fd sets");
     assert_eq!(vm.qemu_fds_on(&set_only), 0, "QEMU let go of the image of the set alone");
     assert!(vm.qemu_fds_on(&node_only) >= 1, "the node keeps its own dup until it goes");
-    let (attached, nodes) = vm.machine.inventory().await.unwrap();
+    let Inventory { attached, nodes } = vm.machine.inventory().await.unwrap();
     assert_eq!(attached.iter().map(|a| a.volume.as_str()).collect::<Vec<_>>(), ["kept"]);
-    assert_eq!(nodes, [ops::node_name("kept"), ops::node_name("node")], "the device-less node is listed");
-    vm.machine.remove_node(&ops::node_name("node")).await.unwrap();
+    assert_eq!(nodes, [node_name("kept"), node_name("node")], "the device-less node is listed");
+    vm.machine.remove_node(&node_name("node")).await.unwrap();
     assert_eq!(vm.qemu_fds_on(&node_only), 0, "QEMU let go of the node's image");
     assert_eq!(vm.qemu_fds_on(&kept), 1, "the attached volume keeps its image");
     assert!(vm.machine.remove_stale_fdsets().await.unwrap().is_empty(), "nothing stale is left");

@@ -1,4 +1,4 @@
-//! An async QMP client with file-descriptor passing.
+//! The QMP client: an async connection to QEMU's socket with file-descriptor passing.
 //!
 //! # Flow
 //! `connect` reads the greeting and negotiates capabilities; a reader task then routes every
@@ -27,73 +27,19 @@ use tokio::io::Interest;
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, oneshot};
 
+use super::{target_of, Event, Monitor, QmpError, Reply, DEFAULT_DEADLINE};
+
 /// How long QEMU may take to greet a new client.
 pub const GREETING_DEADLINE: Duration = Duration::from_secs(5);
-
-/// Deadline of a command unless the caller gives one.
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Longest QMP line read (QEMU's largest replies here, `query-named-block-nodes` with hundreds
 /// of nodes, are well under 1 MiB). A peer that sends more without a newline is cut off rather
 /// than buffered without bound.
 pub const MAX_LINE: usize = 16 << 20;
 
-/// Errors of the QMP client.
-#[derive(Debug, thiserror::Error)]
-pub enum QmpError {
-    #[error("QMP {command}{} failed: {class}: {desc}", target.as_ref().map(|t| format!(" on {t}")).unwrap_or_default())]
-    Command { command: String, target: Option<String>, class: String, desc: String },
-    #[error("QMP {command} got no reply within {deadline:?}")]
-    Timeout { command: String, deadline: Duration },
-    #[error("the QMP connection {socket} closed")]
-    Disconnected { socket: PathBuf },
-    #[error("cannot connect to the QMP socket {socket}")]
-    Connect {
-        socket: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("QMP I/O on {socket} failed")]
-    Io {
-        socket: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("QMP protocol error on {socket}: {message}")]
-    Protocol { socket: PathBuf, message: String },
-}
-
-impl QmpError {
-    /// QMP's error class (`GenericError`, `DeviceNotFound`, ...), for command errors.
-    #[must_use]
-    pub fn class(&self) -> Option<&str> {
-        match self {
-            QmpError::Command { class, .. } => Some(class),
-            _ => None,
-        }
-    }
-    /// QMP's description, for command errors.
-    #[must_use]
-    pub fn desc(&self) -> Option<&str> {
-        match self {
-            QmpError::Command { desc, .. } => Some(desc),
-            _ => None,
-        }
-    }
-}
-
-/// An asynchronous QMP event.
-#[derive(Clone, Debug)]
-pub struct Event {
-    pub name: String,
-    pub data: Value,
-    /// When this client read it.
-    pub received: Instant,
-}
-
-/// A reply: the `return` value, or QMP's (class, desc).
-type Reply = Result<Value, (String, String)>;
-type Waiters = HashMap<u64, oneshot::Sender<Reply>>;
+/// A reply as read: the `return` value, or QMP's (class, desc).
+type Raw = Result<Value, (String, String)>;
+type Waiters = HashMap<u64, oneshot::Sender<Raw>>;
 type Pending = Arc<Mutex<Waiters>>;
 
 /// A connected QMP client.
@@ -117,14 +63,6 @@ impl Drop for Qmp {
 
 fn lock_pending(p: &Pending) -> std::sync::MutexGuard<'_, Waiters> {
     p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The device or node a command names, for error messages.
-fn target_of(args: &Value) -> Option<String> {
-    ["id", "node-name", "device", "fdset-id"]
-        .iter()
-        .find_map(|k| args.get(*k))
-        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
 }
 
 impl Qmp {
@@ -272,30 +210,6 @@ impl Qmp {
         }
     }
 
-    /// Waits for an event matching `pred` on `rx` (subscribe before sending the command that
-    /// causes it), until `deadline`.
-    ///
-    /// # Errors
-    /// `Timeout` naming `what`, `Disconnected`.
-    pub async fn wait_event(
-        &self,
-        rx: &mut broadcast::Receiver<Event>,
-        what: &str,
-        deadline: Duration,
-        pred: impl Fn(&Event) -> bool,
-    ) -> Result<Event, QmpError> {
-        let wait = async {
-            loop {
-                match rx.recv().await {
-                    Ok(e) if pred(&e) => return Ok(e),
-                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(broadcast::error::RecvError::Closed) => return Err(QmpError::Disconnected { socket: self.socket.clone() }),
-                }
-            }
-        };
-        tokio::time::timeout(deadline, wait).await.map_err(|_| QmpError::Timeout { command: what.to_owned(), deadline })?
-    }
-
     /// Closes the connection now (QEMU then accepts the next client); later commands fail with
     /// `Disconnected` or `Io`.
     pub fn close(&self) {
@@ -306,6 +220,28 @@ impl Qmp {
     #[must_use]
     pub fn is_connected(&self) -> bool {
         !self.reader.is_finished()
+    }
+}
+
+impl Monitor for Qmp {
+    fn execute_within<'a>(&'a self, command: &'a str, args: Value, deadline: Duration) -> Reply<'a> {
+        Box::pin(self.run(command, args, None, deadline))
+    }
+
+    fn execute_with_fd<'a>(&'a self, command: &'a str, args: Value, fd: BorrowedFd<'a>) -> Reply<'a> {
+        Box::pin(self.run(command, args, Some(fd), DEFAULT_DEADLINE))
+    }
+
+    fn events(&self) -> broadcast::Receiver<Event> {
+        Qmp::events(self)
+    }
+
+    fn close(&self) {
+        Qmp::close(self);
+    }
+
+    fn socket(&self) -> &Path {
+        &self.socket
     }
 }
 

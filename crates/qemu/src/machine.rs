@@ -1,0 +1,131 @@
+//! [`Machine`]: one running QEMU, driven over its QMP connection (a [`Monitor`]).
+//!
+//! The operations live by concept — [`crate::hotplug`] (attach, detach), [`crate::media`]
+//! (CD-ROM media), [`crate::inventory`] (what QEMU holds, and what an interrupted operation left)
+//! — each an `impl Machine` block. Here: the handle, raw commands, boot order and shutdown.
+//!
+//! Every operation logs within the caller's span (the node agent's VMI) and its own (the volume
+//! or drive); every QMP command it sends is logged at `debug` with its duration.
+
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+use crate::qmp::{Event, Monitor, QmpError};
+
+/// Operations over one VM's QMP connection.
+///
+/// It holds the connection as a trait object, not as a type parameter: its users (the node
+/// agent's worker and hot-plug reconcile, the benches) stay non-generic, and a test hands it a
+/// [`Fake`](crate::qmp::fake::Fake) without making every function on the way generic. The cost
+/// is one boxed future per command, nothing beside a QMP round trip.
+pub struct Machine {
+    monitor: Box<dyn Monitor>,
+}
+
+impl Machine {
+    /// Wraps a connection: a connected [`Qmp`](crate::Qmp), or a fake (an `Arc` of one, to read
+    /// what was sent).
+    #[must_use]
+    pub fn new(monitor: impl Monitor + 'static) -> Machine {
+        Machine { monitor: Box::new(monitor) }
+    }
+
+    /// Runs one command of an operation, logging it.
+    pub(crate) async fn command(&self, command: &str, args: Value) -> Result<Value, QmpError> {
+        let t = Instant::now();
+        let r = self.monitor.execute(command, args).await;
+        tracing::debug!(command, ms = t.elapsed().as_secs_f64() * 1000.0, ok = r.is_ok(), "QMP");
+        r
+    }
+
+    /// Runs one command of an operation with `fd` attached, logging it.
+    pub(crate) async fn command_with_fd(&self, command: &str, args: Value, fd: BorrowedFd<'_>) -> Result<Value, QmpError> {
+        let t = Instant::now();
+        let r = self.monitor.execute_with_fd(command, args, fd).await;
+        tracing::debug!(command, ms = t.elapsed().as_secs_f64() * 1000.0, ok = r.is_ok(), "QMP");
+        r
+    }
+
+    /// Subscribes to QEMU's events from now on.
+    #[must_use]
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.monitor.events()
+    }
+
+    /// Waits for an event matching `pred` on `rx` (subscribed before sending the command that
+    /// causes it), until `deadline`.
+    ///
+    /// # Errors
+    /// `Timeout` naming `what`; `Disconnected` when the connection is gone.
+    pub(crate) async fn wait_event(
+        &self,
+        rx: &mut broadcast::Receiver<Event>,
+        what: &str,
+        deadline: Duration,
+        pred: impl Fn(&Event) -> bool,
+    ) -> Result<Event, QmpError> {
+        let wait = async {
+            loop {
+                match rx.recv().await {
+                    Ok(e) if pred(&e) => return Ok(e),
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => {
+                        return Err(QmpError::Disconnected { socket: self.monitor.socket().to_owned() })
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(deadline, wait).await.map_err(|_| QmpError::Timeout { command: what.to_owned(), deadline })?
+    }
+
+    /// Runs a raw QMP command (diagnostics, round-trip measurements, tests).
+    ///
+    /// # Errors
+    /// The QMP error.
+    pub async fn execute(&self, command: &str, args: Value) -> Result<Value, QmpError> {
+        self.monitor.execute(command, args).await
+    }
+
+    /// Runs a raw QMP command with `fd` attached (tests that build what an interrupted attach
+    /// leaves).
+    ///
+    /// # Errors
+    /// The QMP error.
+    pub async fn execute_with_fd(&self, command: &str, args: Value, fd: BorrowedFd<'_>) -> Result<Value, QmpError> {
+        self.monitor.execute_with_fd(command, args, fd).await
+    }
+
+    /// Closes the connection now (QEMU then accepts the next client); later commands fail.
+    pub fn close(&self) {
+        self.monitor.close();
+    }
+
+    /// Sets the boot index of device `id` for the next boot.
+    ///
+    /// # Errors
+    /// The QMP error (e.g. a duplicate boot index).
+    pub async fn set_bootindex(&self, id: &str, index: i32) -> Result<(), QmpError> {
+        self.command("qom-set", json!({"path": format!("/machine/peripheral/{id}"), "property": "bootindex", "value": index}))
+            .await
+            .map(|_| ())
+    }
+
+    /// Asks the guest to power off (ACPI) and waits up to `deadline` for QEMU to shut down.
+    /// Returns whether it did; the caller then stops QEMU by force.
+    ///
+    /// # Errors
+    /// The QMP error of `system_powerdown`.
+    pub async fn powerdown(&self, deadline: Duration) -> Result<bool, QmpError> {
+        let mut events = self.monitor.events();
+        self.command("system_powerdown", json!({})).await?;
+        Ok(self.wait_event(&mut events, "SHUTDOWN", deadline, |e| e.name == "SHUTDOWN" || e.name == "DISCONNECTED").await.is_ok())
+    }
+
+    /// Stops QEMU at once (`quit`).
+    pub async fn quit(&self) {
+        let _ = self.monitor.execute_within("quit", json!({}), Duration::from_secs(2)).await;
+    }
+}
