@@ -10,6 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::kubevirt::{Condition, Extra};
+use crate::phases::DataVolumePhase;
 
 /// `DataVolume.spec`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -74,6 +75,9 @@ pub struct HttpSource {
 pub struct PvcSource {
     pub namespace: String,
     pub name: String,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// `DataVolume.spec.storage`.
@@ -99,6 +103,9 @@ pub struct StorageSpec {
 pub struct StorageResources {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub requests: BTreeMap<String, Quantity>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// `DataVolume.status`.
@@ -107,7 +114,7 @@ pub struct StorageResources {
 pub struct DataVolumeStatus {
     /// `Pending`, `ImportScheduled`, `ImportInProgress`, `Succeeded`, `Failed`, ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<DataVolumePhase>,
     /// e.g. `"42.0%"`, or `"N/A"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,

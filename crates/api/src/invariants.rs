@@ -8,8 +8,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::cause::{Cause, CauseType};
 use crate::kubevirt::{DiskKind, VirtualMachineInstanceSpec};
-use crate::validation::{Cause, CauseType};
 
 /// Returns every violation in `spec`, each with its field path under `prefix`
 /// (e.g. `spec.template.spec`). An empty list means the spec is consistent.

@@ -14,6 +14,16 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::phases::{PrintableStatus, StateChangeAction, VmiPhase};
+
+mod instance_status;
+#[cfg(test)]
+mod round_trip;
+mod volume;
+
+pub use instance_status::{HotplugVolumeStatus, PersistentVolumeClaimInfo, VirtualMachineInstanceStatus, VolumeStatus};
+pub use volume::{CloudInitNoCloud, DataVolumeSource, EmptyDisk, PersistentVolumeClaimVolumeSource, Volume};
+
 /// Fields a struct does not model, kept verbatim through a read-modify-write.
 pub type Extra = BTreeMap<String, Value>;
 
@@ -111,16 +121,19 @@ impl VirtualMachineSpec {
 
 /// `VirtualMachine.status.stateChangeRequests[]`: a start or stop asked through the
 /// subresources, carried out by the controller.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StateChangeRequest {
     /// `Start` or `Stop`.
-    pub action: String,
+    pub action: StateChangeAction,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub data: BTreeMap<String, String>,
     /// For `Stop`: the VMI to stop (a newer VMI is left alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// `VirtualMachine.spec.template`.
@@ -131,6 +144,9 @@ pub struct VirtualMachineInstanceTemplateSpec {
     pub metadata: Option<ObjectMeta>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<VirtualMachineInstanceSpec>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// `VirtualMachine.status`.
@@ -138,7 +154,7 @@ pub struct VirtualMachineInstanceTemplateSpec {
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub printable_status: Option<String>,
+    pub printable_status: Option<PrintableStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -172,6 +188,9 @@ pub struct Condition {
     pub last_probe_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// One entry of `VirtualMachine.status.volumeRequests`.
@@ -182,6 +201,9 @@ pub struct VirtualMachineVolumeRequest {
     pub add_volume_options: Option<AddVolumeOptions>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remove_volume_options: Option<RemoveVolumeOptions>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// Body of `PUT .../addvolume` (and a legacy volume request).
@@ -194,6 +216,39 @@ pub struct AddVolumeOptions {
     pub volume_source: HotplugVolumeSource,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dry_run: Vec<String>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+impl AddVolumeOptions {
+    /// The volume this request adds: its claim or DataVolume source marked `hotpluggable`, as
+    /// KubeVirt's virt-api does.
+    #[must_use]
+    pub fn volume(&self) -> Volume {
+        let hot = Some(true);
+        Volume {
+            name: self.name.clone(),
+            persistent_volume_claim: self
+                .volume_source
+                .persistent_volume_claim
+                .clone()
+                .map(|p| PersistentVolumeClaimVolumeSource { hotpluggable: hot, ..p }),
+            data_volume: self.volume_source.data_volume.clone().map(|d| DataVolumeSource { hotpluggable: hot, ..d }),
+            ..Volume::default()
+        }
+    }
+
+    /// The disk this request adds, named after the volume: the request's, else KubeVirt's
+    /// default for a hot-plugged disk (`disk: {bus: scsi}`).
+    #[must_use]
+    pub fn disk(&self) -> Disk {
+        let disk = self.disk.clone().unwrap_or_else(|| Disk {
+            disk: Some(DiskTarget { bus: Some("scsi".to_owned()), ..DiskTarget::default() }),
+            ..Disk::default()
+        });
+        Disk { name: self.name.clone(), ..disk }
+    }
 }
 
 /// Body of `PUT .../removevolume`.
@@ -203,6 +258,9 @@ pub struct RemoveVolumeOptions {
     pub name: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dry_run: Vec<String>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// The sources a hot-plug request may name.
@@ -213,6 +271,9 @@ pub struct HotplugVolumeSource {
     pub persistent_volume_claim: Option<PersistentVolumeClaimVolumeSource>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_volume: Option<DataVolumeSource>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
 }
 
 /// `VirtualMachineInstance.spec`.
@@ -240,6 +301,20 @@ pub struct VirtualMachineInstanceSpec {
     #[serde(flatten)]
     #[schemars(skip)]
     pub extra: Extra,
+}
+
+impl VirtualMachineInstance {
+    /// The VMI's phase (`None` until someone wrote one).
+    #[must_use]
+    pub fn phase(&self) -> Option<&VmiPhase> {
+        self.status.as_ref().and_then(|s| s.phase.as_ref())
+    }
+
+    /// Whether the VMI is in phase `Running`.
+    #[must_use]
+    pub fn is_running(&self) -> bool {
+        self.phase() == Some(&VmiPhase::Running)
+    }
 }
 
 /// `spec.domain`.
@@ -470,207 +545,6 @@ pub struct CdromTarget {
     pub readonly: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tray: Option<String>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-/// One volume: exactly one source.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Volume {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub persistent_volume_claim: Option<PersistentVolumeClaimVolumeSource>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_volume: Option<DataVolumeSource>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloud_init_no_cloud: Option<CloudInitNoCloud>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub empty_disk: Option<EmptyDisk>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-impl Volume {
-    /// The JSON keys of the sources set on this volume (modelled and unmodelled ones).
-    #[must_use]
-    pub fn source_keys(&self) -> Vec<String> {
-        let mut keys = Vec::new();
-        if self.persistent_volume_claim.is_some() {
-            keys.push("persistentVolumeClaim".to_owned());
-        }
-        if self.data_volume.is_some() {
-            keys.push("dataVolume".to_owned());
-        }
-        if self.cloud_init_no_cloud.is_some() {
-            keys.push("cloudInitNoCloud".to_owned());
-        }
-        if self.empty_disk.is_some() {
-            keys.push("emptyDisk".to_owned());
-        }
-        keys.extend(self.extra.keys().cloned());
-        keys
-    }
-
-    /// Whether this is a hot-pluggable DataVolume or PVC volume (KubeVirt's `IsHotplugVolume`).
-    #[must_use]
-    pub fn is_hotpluggable(&self) -> bool {
-        self.persistent_volume_claim.as_ref().is_some_and(|p| p.hotpluggable == Some(true))
-            || self.data_volume.as_ref().is_some_and(|d| d.hotpluggable == Some(true))
-    }
-}
-
-/// `volume.persistentVolumeClaim`: core/v1's source plus KubeVirt's `hotpluggable`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PersistentVolumeClaimVolumeSource {
-    pub claim_name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_only: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hotpluggable: Option<bool>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-/// `volume.dataVolume`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DataVolumeSource {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hotpluggable: Option<bool>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-/// `volume.cloudInitNoCloud`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CloudInitNoCloud {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_data: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_data_base64: Option<String>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-/// `volume.emptyDisk`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct EmptyDisk {
-    pub capacity: Quantity,
-}
-
-/// `VirtualMachineInstance.status`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct VirtualMachineInstanceStatus {
-    /// `Pending`, `Scheduling`, `Scheduled`, `Running`, `Succeeded`, `Failed`, `Unknown`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub volume_status: Vec<VolumeStatus>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-/// One entry of `VirtualMachineInstance.status.volumeStatus`, exactly as KubeVirt's.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeStatus {
-    pub name: String,
-    /// Guest device name (`sda`); empty until attached.
-    #[serde(default)]
-    pub target: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub persistent_volume_claim_info: Option<PersistentVolumeClaimInfo>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hotplug_volume: Option<HotplugVolumeStatus>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<i64>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-impl VolumeStatus {
-    /// Moves the entry to `phase`/`reason`/`message`, appending the transition to its
-    /// `phaseTransitionTimestamps` (virtplug's addition, RFC 3339 with milliseconds, so
-    /// per-phase latency can be measured; KubeVirt keeps these per VMI only). No change, no
-    /// new timestamp.
-    pub fn transition(&mut self, phase: &str, reason: &str, message: &str) {
-        if self.phase.as_deref() == Some(phase) && self.reason.as_deref() == Some(reason) && self.message.as_deref() == Some(message) {
-            return;
-        }
-        if self.phase.as_deref() != Some(phase) {
-            let stamps = self.extra.entry("phaseTransitionTimestamps".to_owned()).or_insert_with(|| Value::Array(Vec::new()));
-            if let Some(a) = stamps.as_array_mut() {
-                let at = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
-                a.push(serde_json::json!({"phase": phase, "phaseTransitionTimestamp": at}));
-            }
-        }
-        self.phase = Some(phase.to_owned());
-        self.reason = Some(reason.to_owned());
-        self.message = Some(message.to_owned());
-    }
-
-    /// When the entry entered `phase`, from `phaseTransitionTimestamps`.
-    #[must_use]
-    pub fn entered(&self, phase: &str) -> Option<jiff::Timestamp> {
-        self.extra.get("phaseTransitionTimestamps")?.as_array()?.iter().rev().find(|t| t["phase"] == phase)?["phaseTransitionTimestamp"]
-            .as_str()?
-            .parse()
-            .ok()
-    }
-}
-
-/// `volumeStatus[].hotplugVolume`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct HotplugVolumeStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attach_pod_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[serde(rename = "attachPodUID")]
-    pub attach_pod_uid: Option<String>,
-}
-
-/// `volumeStatus[].persistentVolumeClaimInfo`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PersistentVolumeClaimInfo {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claim_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub access_modes: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub volume_mode: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub capacity: BTreeMap<String, Quantity>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub requests: BTreeMap<String, Quantity>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub filesystem_overhead: Option<String>,
     #[serde(flatten)]
     #[schemars(skip)]
     pub extra: Extra,

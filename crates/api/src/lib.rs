@@ -12,6 +12,7 @@
 //! core/v1 `PersistentVolumeClaim`, `Event`, `Namespace` and `Node` come from k8s-openapi, re-exported
 //! under [`core`].
 
+mod cause;
 pub mod cdi;
 pub mod crd;
 pub mod invariants;

@@ -1,5 +1,6 @@
-//! The states KubeVirt and CDI write as strings, as enums: volume phases and reasons, VMI
-//! phases, VM printable statuses, DataVolume phases. Code matches on variants, never on
+//! The states KubeVirt, CDI and Kubernetes write as strings, as enums: volume phases and
+//! reasons, VMI phases, VM printable statuses, state change actions, DataVolume and claim
+//! phases. Code matches on variants, never on
 //! string literals.
 //!
 //! # Guarantees
@@ -172,6 +173,37 @@ wire_enum! {
         DataVolumeError = "DataVolumeError",
         WaitingForVolumeBinding = "WaitingForVolumeBinding",
         WaitingForReceiver = "WaitingForReceiver",
+    }
+}
+
+wire_enum! {
+    /// `PersistentVolumeClaim.status.phase` (core/v1; the claim's own type keeps it a string).
+    ClaimPhase {
+        Pending = "Pending",
+        Bound = "Bound",
+        Lost = "Lost",
+    }
+}
+
+impl ClaimPhase {
+    /// The phase of `pvc` (`None` until someone wrote one).
+    #[must_use]
+    pub fn of(pvc: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> Option<ClaimPhase> {
+        pvc.status.as_ref().and_then(|s| s.phase.as_deref()).map(ClaimPhase::parse)
+    }
+
+    /// Whether `pvc` is `Bound`.
+    #[must_use]
+    pub fn is_bound(pvc: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> bool {
+        ClaimPhase::of(pvc) == Some(ClaimPhase::Bound)
+    }
+}
+
+wire_enum! {
+    /// `VirtualMachine.status.stateChangeRequests[].action` (KubeVirt's `StateChangeRequestAction`).
+    StateChangeAction {
+        Start = "Start",
+        Stop = "Stop",
     }
 }
 

@@ -3,55 +3,13 @@
 //! Validation never stops at the first problem: it returns every [`Cause`] with the field path
 //! and what to do, which the API server turns into a 422 `Invalid` Status.
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cdi::DataVolume;
 use crate::invariants;
 use crate::kubevirt::{DiskKind, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceSpec};
 
-/// Kubernetes' `CauseType` values used here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CauseType {
-    Required,
-    Invalid,
-    Duplicate,
-    NotSupported,
-    TooLong,
-    Forbidden,
-}
-
-impl CauseType {
-    /// The wire value (`FieldValueInvalid`, ...).
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CauseType::Required => "FieldValueRequired",
-            CauseType::Invalid => "FieldValueInvalid",
-            CauseType::Duplicate => "FieldValueDuplicate",
-            CauseType::NotSupported => "FieldValueNotSupported",
-            CauseType::TooLong => "FieldValueTooLong",
-            CauseType::Forbidden => "FieldValueForbidden",
-        }
-    }
-}
-
-/// One violation: a field path (`spec.template.spec.volumes[1].name`) and what to do about it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cause {
-    #[serde(rename = "reason")]
-    pub kind: String,
-    pub message: String,
-    pub field: String,
-}
-
-impl Cause {
-    /// A cause of `kind` at `field`.
-    #[must_use]
-    pub fn new(kind: CauseType, field: impl Into<String>, message: impl Into<String>) -> Self {
-        Cause { kind: kind.as_str().to_owned(), message: message.into(), field: field.into() }
-    }
-}
+pub use crate::cause::{Cause, CauseType};
 
 /// Longest DNS-1123 label.
 pub const DNS1123_LABEL_MAX: usize = 63;
@@ -214,6 +172,23 @@ pub fn validate_data_volume(obj: &Value) -> Vec<Cause> {
         ));
     }
     causes
+}
+
+/// Whether `value` decodes as a `T` (what every Kubernetes client of the resource does with
+/// it): no cause, or one naming the first field that does not, under `prefix` (`status`).
+#[must_use]
+pub fn decode_causes<T: serde::de::DeserializeOwned>(value: &Value, prefix: &str) -> Vec<Cause> {
+    match parse::<T>(value) {
+        Ok(_) => Vec::new(),
+        Err(mut cause) => {
+            cause.field = match (prefix, cause.field.as_str()) {
+                (p, "") => p.to_owned(),
+                ("", f) => f.to_owned(),
+                (p, f) => format!("{p}.{f}"),
+            };
+            vec![cause]
+        }
+    }
 }
 
 fn parse<T: serde::de::DeserializeOwned>(obj: &Value) -> Result<T, Cause> {

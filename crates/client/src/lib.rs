@@ -1,15 +1,20 @@
 //! How every virtplug component reaches the API: a `kube::Client` from a kubeconfig, from the
-//! in-cluster config, or in-process over the embedded server's router (no socket); and the one
-//! read-modify-write path, [`update`].
+//! in-cluster config, or in-process over the embedded server's router (no socket); the one
+//! read-modify-write path, [`update`], and its JSON-patch sibling, [`patch_if`]; the one retry
+//! [`backoff`].
 
+pub mod backoff;
 pub mod events;
 pub mod locks;
 pub mod metrics;
+pub mod panics;
+mod patch_if;
 mod update;
 
+pub use patch_if::{patch_if, patch_if_seen, PatchIfError, PatchIfOptions, Patched};
 pub use update::{
-    blind_patch, merge_diff, try_update, try_update_status, update, update_status, BeforeWrite, MetaKey, Never, UpdateError, UpdateOptions,
-    Updated,
+    blind_patch, merge_diff, try_update, try_update_status, update, update_from, update_status, update_status_from, BeforeWrite, MetaKey,
+    Never, Object, UpdateError, UpdateOptions, Updated,
 };
 
 use std::path::{Path, PathBuf};

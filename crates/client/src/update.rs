@@ -40,6 +40,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::backoff::{Backoff, Jitter};
 use crate::{locks, metrics};
 
 /// A hook run between the read and the write of every attempt (tests use it to interleave
@@ -80,6 +81,11 @@ impl Debug for UpdateOptions {
             .finish_non_exhaustive()
     }
 }
+
+/// What [`update`] and [`crate::patch_if`] write: a typed Kubernetes object.
+pub trait Object: Resource<DynamicType: Default> + Clone + Serialize + DeserializeOwned + Debug {}
+
+impl<K: Resource<DynamicType: Default> + Clone + Serialize + DeserializeOwned + Debug> Object for K {}
 
 /// What [`update`] did.
 #[derive(Debug, Clone)]
@@ -153,11 +159,7 @@ enum Part {
 ///
 /// # Errors
 /// `Conflict` after the attempt limit, `Api` for any other API error (404 included).
-pub async fn update<K>(api: &Api<K>, name: &str, mut mutate: impl FnMut(&mut K)) -> Result<Updated<K>, UpdateError<Never>>
-where
-    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
-    K::DynamicType: Default,
-{
+pub async fn update<K: Object>(api: &Api<K>, name: &str, mut mutate: impl FnMut(&mut K)) -> Result<Updated<K>, UpdateError<Never>> {
     try_update(api, name, &UpdateOptions::default(), |k| {
         mutate(k);
         Ok(())
@@ -169,11 +171,7 @@ where
 ///
 /// # Errors
 /// As [`update`].
-pub async fn update_status<K>(api: &Api<K>, name: &str, mut mutate: impl FnMut(&mut K)) -> Result<Updated<K>, UpdateError<Never>>
-where
-    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
-    K::DynamicType: Default,
-{
+pub async fn update_status<K: Object>(api: &Api<K>, name: &str, mut mutate: impl FnMut(&mut K)) -> Result<Updated<K>, UpdateError<Never>> {
     run(api, name, &UpdateOptions::default(), Part::Status, |k| {
         mutate(k);
         Ok(())
@@ -181,19 +179,61 @@ where
     .await
 }
 
+/// [`update`] for a caller that holds a cached copy `seen` of the object (a reflector store's):
+/// the mutation runs on `seen` first, and when it changes nothing there nothing is read or sent.
+/// Otherwise exactly [`update`] (fresh GET, the mutation again on the fresh copy, conditional
+/// write).
+///
+/// # Caveats
+/// A stale `seen` that already looks right skips the write; a caller driven by a watch (a
+/// kube-runtime controller) is woken again by the newer copy, which corrects that.
+///
+/// # Errors
+/// As [`update`].
+pub async fn update_from<K: Object>(api: &Api<K>, seen: &K, mutate: impl FnMut(&mut K)) -> Result<Updated<K>, UpdateError<Never>> {
+    run_from(api, seen, Part::Main, mutate).await
+}
+
+/// [`update_from`] on the `/status` subresource.
+///
+/// # Errors
+/// As [`update`].
+pub async fn update_status_from<K: Object>(api: &Api<K>, seen: &K, mutate: impl FnMut(&mut K)) -> Result<Updated<K>, UpdateError<Never>> {
+    run_from(api, seen, Part::Status, mutate).await
+}
+
+async fn run_from<K: Object>(api: &Api<K>, seen: &K, part: Part, mut mutate: impl FnMut(&mut K)) -> Result<Updated<K>, UpdateError<Never>> {
+    if let Ok(false) = changed_copy(seen, &mut mutate) {
+        metrics::get().noop_skips.inc();
+        return Ok(Updated { object: seen.clone(), wrote: false, attempts: 0 });
+    }
+    let name = seen.meta().name.clone().unwrap_or_default();
+    run(api, &name, &UpdateOptions::default(), part, |k| {
+        mutate(k);
+        Ok(())
+    })
+    .await
+}
+
+/// Whether `mutate` changes a copy of `seen` (an encoding error counts as a change: the real
+/// update then reports it).
+fn changed_copy<K: Clone + Serialize>(seen: &K, mutate: &mut impl FnMut(&mut K)) -> Result<bool, serde_json::Error> {
+    let mut copy = seen.clone();
+    mutate(&mut copy);
+    Ok(serde_json::to_value(seen)? != serde_json::to_value(&copy)?)
+}
+
 /// Read-modify-write with a mutation that may refuse (its error is returned, nothing written).
 ///
 /// # Errors
 /// As [`update`], plus `Mutate`.
-pub async fn try_update<K, E>(
+pub async fn try_update<K: Object, E>(
     api: &Api<K>,
     name: &str,
     opts: &UpdateOptions,
     mutate: impl FnMut(&mut K) -> Result<(), E>,
 ) -> Result<Updated<K>, UpdateError<E>>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
-    K::DynamicType: Default,
     E: std::error::Error + 'static,
 {
     run(api, name, opts, Part::Main, mutate).await
@@ -203,21 +243,19 @@ where
 ///
 /// # Errors
 /// As [`try_update`].
-pub async fn try_update_status<K, E>(
+pub async fn try_update_status<K: Object, E>(
     api: &Api<K>,
     name: &str,
     opts: &UpdateOptions,
     mutate: impl FnMut(&mut K) -> Result<(), E>,
 ) -> Result<Updated<K>, UpdateError<E>>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
-    K::DynamicType: Default,
     E: std::error::Error + 'static,
 {
     run(api, name, opts, Part::Status, mutate).await
 }
 
-async fn run<K, E>(
+async fn run<K: Object, E>(
     api: &Api<K>,
     name: &str,
     opts: &UpdateOptions,
@@ -225,8 +263,6 @@ async fn run<K, E>(
     mut mutate: impl FnMut(&mut K) -> Result<(), E>,
 ) -> Result<Updated<K>, UpdateError<E>>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
-    K::DynamicType: Default,
     E: std::error::Error + 'static,
 {
     let kind = K::kind(&K::DynamicType::default()).into_owned();
@@ -272,7 +308,7 @@ where
                 tracing::info!(
                     "{kind} {object} changed while an update was being prepared, retrying on a fresh copy (attempt {attempt}/{attempts})"
                 );
-                tokio::time::sleep(backoff(opts, attempt)).await;
+                tokio::time::sleep(opts.backoff().delay(attempt + 1)).await;
             }
             Err(source @ kube::Error::Api(_)) if is_conflict(&source) => {
                 metrics::get().giveups.inc();
@@ -288,13 +324,13 @@ fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
-fn backoff(opts: &UpdateOptions, attempt: u32) -> Duration {
-    let min = opts.backoff_min;
-    let cap = opts.backoff_max.min(min.saturating_mul(1 << attempt.min(16)));
-    if cap <= min {
-        return min;
+impl UpdateOptions {
+    /// The backoff between attempts: before attempt n+1, uniform in
+    /// `[backoff_min, min(backoff_max, backoff_min × 2^n)]` (its retry n+1).
+    #[must_use]
+    pub fn backoff(&self) -> Backoff {
+        Backoff { base: self.backoff_min, cap: self.backoff_max, jitter: Jitter::Full }
     }
-    min + (cap - min).mul_f64(rand::random::<f64>())
 }
 
 /// The RFC 7396 merge patch that turns `before` into `after`: objects recurse, arrays and
@@ -378,7 +414,7 @@ mod tests {
     fn backoff_stays_within_bounds() {
         let o = UpdateOptions::default();
         for attempt in 1..10 {
-            let b = backoff(&o, attempt);
+            let b = o.backoff().delay(attempt + 1);
             assert!(b >= o.backoff_min && b <= o.backoff_max, "{b:?}");
         }
     }
