@@ -5,7 +5,11 @@
 //! None of these functions may panic, overflow, recurse without bound or take time or memory
 //! beyond the limits of [`crate::limits`], whatever the input: a fuzzer that finds one that does
 //! has found a bug. They return nothing; the answer a client would get is not checked here
-//! (the unit and integration tests do that).
+//! (the unit and integration tests do that), except for these properties, which panic when
+//! broken (so the fuzzer reports them):
+//! - an object the stored-object checks accept is at most [`limits::MAX_OBJECT_DEPTH`] deep and
+//!   [`limits::MAX_OBJECT_BYTES`] long (measured independently of the check);
+//! - a parsed watch timeout is at most [`limits::MAX_WATCH_TIMEOUT`], a parsed `limit` positive.
 //!
 //! | function | surface |
 //! |---|---|
@@ -28,10 +32,16 @@ fn sample() -> Value {
     })
 }
 
-/// Runs the checks every stored object goes through.
+/// Runs the checks every stored object goes through; an object they accept must be within the
+/// limits.
 fn check_stored(obj: &Value) {
     if let Some(def) = registry::find("kubevirt.io", "v1", "virtualmachines") {
-        let _ = limits::check_object(def, "fuzz", obj);
+        if limits::check_object(def, "fuzz", obj).is_ok() {
+            let depth = limits::depth(obj, limits::MAX_OBJECT_DEPTH);
+            assert!(depth <= limits::MAX_OBJECT_DEPTH, "an object {depth} levels deep passed the checks");
+            let len = limits::json_len(obj);
+            assert!(len <= limits::MAX_OBJECT_BYTES, "an object of {len} bytes passed the checks");
+        }
     }
     let _ = labels::causes(obj);
 }
@@ -75,6 +85,8 @@ pub fn query(q: &str) {
     let params = query::params(Some(q));
     let _ = query::grace_period(&params);
     let Ok(opts) = ListOptions::parse(&params) else { return };
+    assert!(opts.timeout.is_none_or(|t| t <= limits::MAX_WATCH_TIMEOUT), "timeout {:?} passed the parser", opts.timeout);
+    assert!(opts.limit.is_none_or(|l| l > 0), "limit 0 passed the parser");
     if let Some(token) = &opts.continue_token {
         let _ = list::decode(token, "/kubevirt.io/virtualmachines/default/", 100, 10);
     }

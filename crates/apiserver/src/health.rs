@@ -32,6 +32,11 @@ use futures::FutureExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// The store's writer thread, as named in [`Health`] (and `VIRTPLUG_FAULT`).
+pub const STORE_WRITER: &str = "store-writer";
+/// The garbage collector task, likewise.
+pub const GARBAGE_COLLECTOR: &str = "garbage-collector";
+
 /// Why a component died.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {

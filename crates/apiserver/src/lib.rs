@@ -6,22 +6,27 @@
 //!
 //! - [`store`]: SQLite store, global revision, changelog, broadcast.
 //! - [`objects`]: the verbs and their metadata rules.
-//! - [`routes`], [`watch`], [`list`], [`table`], [`openapi`]: the HTTP surface; [`query`],
-//!   [`body`], [`patch`], [`selectors`], [`labels`]: parsing and checking what a request sends;
-//!   [`limits`]: every bound on a request and a stored object; [`fuzzing`]: fuzz entry points.
+//! - [`routes`]: the route table, from a request to its handler ([`call`]: what a handler
+//!   gets; [`target`]: what a resource path names); the handlers: [`discovery`] (the endpoints
+//!   that are not objects, [`openapi`]), [`verbs`] (on resources: [`list`], [`watch`],
+//!   [`table`]), [`subresources`] (KubeVirt's `addvolume`, `start`, ...); [`reply`]: answers.
+//! - [`query`], [`body`], [`patch`], [`selectors`], [`labels`]: parsing and checking what a
+//!   request sends; [`limits`]: every bound on a request and a stored object; [`fuzzing`]: fuzz
+//!   entry points.
 //! - [`gc`]: owner-reference and namespace garbage collection.
 //! - [`pki`]: CA, serving certificate and token, created on first start; [`files`]: the data
 //!   dir's ownership and modes.
 //! - [`conn`]: connection limits and timeouts; [`health`]: `/readyz` over the long-lived tasks.
 
 pub mod body;
+pub mod call;
 pub mod conn;
+pub mod discovery;
 pub mod files;
 pub mod fuzzing;
 pub mod gc;
 pub mod health;
 pub mod labels;
-pub mod lifecycle;
 pub mod limits;
 pub mod list;
 pub mod metrics;
@@ -31,12 +36,18 @@ pub mod patch;
 pub mod pki;
 pub mod query;
 pub mod registry;
+#[cfg(test)]
+mod regressions;
+pub mod reply;
 pub mod routes;
 pub mod selectors;
+pub mod shapes;
 pub mod status;
 pub mod store;
+pub mod subresources;
 pub mod table;
-pub mod volumes;
+pub mod target;
+pub mod verbs;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -53,7 +64,9 @@ use serde_json::json;
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken as CancelToken;
+use tracing::Instrument;
 
+pub use health::{GARBAGE_COLLECTOR, STORE_WRITER};
 pub use objects::Objects;
 pub use store::{Store, StoreConfig};
 
@@ -66,6 +79,10 @@ pub enum ServerError {
     Pki(#[from] pki::PkiError),
     #[error(transparent)]
     Files(#[from] files::FileError),
+    #[error(transparent)]
+    Write(#[from] durable::WriteError),
+    #[error("opening the data dir did not finish (its blocking task panicked or was cancelled)")]
+    Open(#[source] tokio::task::JoinError),
     #[error("the TLS configuration is invalid")]
     Tls(#[source] rustls::Error),
     #[error("cannot listen on {addr}")]
@@ -113,7 +130,7 @@ impl Config {
 
 /// The API server: store, HTTP routes, garbage collector.
 pub struct Server {
-    state: Arc<routes::ApiState>,
+    state: Arc<call::ApiState>,
     credentials: pki::Credentials,
     data_dir: PathBuf,
     health: health::Health,
@@ -135,14 +152,10 @@ impl Server {
     /// When the data dir, store or credentials cannot be created or read, or the data dir
     /// belongs to another user.
     pub async fn open(config: &Config, listen: Option<SocketAddr>) -> Result<Server, ServerError> {
-        files::private_dir(&config.data_dir)?;
-        let db = config.data_dir.join("store.db");
-        // SQLite gives the -wal and -shm files the mode of the database file.
-        files::private_file(&db)?;
-        for side in ["store.db-wal", "store.db-shm"] {
-            files::tighten_existing(&config.data_dir.join(side), 0o600)?;
-        }
-        let store = Store::open(&db, &config.store)?;
+        // Files, SQLite and key generation block: off the reactor.
+        let (data_dir, store_config) = (config.data_dir.clone(), config.store.clone());
+        let (store, credentials) =
+            tokio::task::spawn_blocking(move || open_data_dir(&data_dir, &store_config, listen)).await.map_err(ServerError::Open)??;
         let health = health::Health::new();
         health.register(STORE_WRITER);
         {
@@ -152,7 +165,6 @@ impl Server {
                 health.fail(STORE_WRITER, reason);
             });
         }
-        let credentials = pki::ensure(&config.data_dir.join("pki"), listen.map(|a| a.ip()))?;
         let objects = Objects { store, enforce_invariants: config.enforce_invariants };
         let nsdef = registry::find("", "v1", "namespaces");
         for (ns, nsdef) in ["default", "kube-system"].into_iter().filter_map(|ns| nsdef.map(|d| (ns, d))) {
@@ -163,10 +175,11 @@ impl Server {
         let gc_objects = objects.clone();
         let event_ttl = config.event_ttl;
         health.spawn(GARBAGE_COLLECTOR, async move {
-            gc::run(gc_objects, event_ttl).await;
+            // Its log lines carry the span, not a hand-written prefix.
+            gc::run(gc_objects, event_ttl).instrument(tracing::info_span!("garbage_collector")).await;
             Ok::<(), std::convert::Infallible>(())
         });
-        let state = Arc::new(routes::ApiState {
+        let state = Arc::new(call::ApiState {
             objects,
             body_limit: config.body_limit,
             git_version: GIT_VERSION.to_owned(),
@@ -224,6 +237,9 @@ impl Server {
 
     /// Writes `DATA_DIR/kubeconfig` for `server_url` (atomically) and returns its path.
     ///
+    /// It blocks for two fsyncs: a one-off at start; anything later calls it from
+    /// `spawn_blocking`.
+    ///
     /// # Errors
     /// When the file cannot be written.
     pub fn write_kubeconfig(&self, server_url: &str) -> Result<PathBuf, ServerError> {
@@ -236,7 +252,7 @@ impl Server {
             self.credentials.token
         );
         let path = self.data_dir.join("kubeconfig");
-        pki::write_atomic(&path, doc.as_bytes(), 0o600)?;
+        durable::write_atomic(&path, doc.as_bytes(), 0o600)?;
         Ok(path)
     }
 
@@ -265,9 +281,20 @@ impl Server {
     }
 }
 
-/// Component names in [`Server::health`].
-pub const STORE_WRITER: &str = "store-writer";
-pub const GARBAGE_COLLECTOR: &str = "garbage-collector";
+/// Makes the data dir and its files private, opens the store and loads (or creates) the
+/// credentials. Blocking.
+fn open_data_dir(data_dir: &Path, store: &StoreConfig, listen: Option<SocketAddr>) -> Result<(Store, pki::Credentials), ServerError> {
+    files::private_dir(data_dir)?;
+    let db = data_dir.join("store.db");
+    // SQLite gives the -wal and -shm files the mode of the database file.
+    files::private_file(&db)?;
+    for side in ["store.db-wal", "store.db-shm"] {
+        files::tighten_existing(&data_dir.join(side), 0o600)?;
+    }
+    let store = Store::open(&db, store)?;
+    let credentials = pki::ensure(&data_dir.join("pki"), listen.map(|a| a.ip()))?;
+    Ok((store, credentials))
+}
 
 /// Marks a request served without credentials (public endpoints).
 #[derive(Clone, Copy)]

@@ -27,7 +27,7 @@ use crate::limits::FRESHNESS_WAIT;
 use crate::objects::Objects;
 use crate::query::{ListOptions, RvMatch};
 use crate::registry::ResourceDef;
-use crate::routes::json_response;
+use crate::reply::json_response;
 use crate::status::ApiError;
 use crate::{table, watch};
 

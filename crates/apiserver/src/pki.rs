@@ -1,26 +1,21 @@
 //! Credentials generated on first start into the data dir: a self-signed CA, a serving
 //! certificate for the loopback names and the listen address, and a bearer token. Every file is
-//! written atomically (temp file, fsync, rename, fsync of the directory); the directory is 0700,
-//! keys and the token 0600 (tightened on every start if something loosened them).
+//! written atomically ([`durable::write_atomic`]: temp file, fsync, rename, fsync of the
+//! directory); the directory is 0700, keys and the token 0600 (tightened on every start if
+//! something loosened them).
 
-use std::ffi::OsStr;
 use std::fs;
-use std::io::{self, Write};
 use std::net::IpAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use durable::write_atomic;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 
 /// Errors while creating or loading credentials.
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Write(#[from] durable::WriteError),
     #[error("cannot read {path}")]
     Read {
         path: PathBuf,
@@ -44,44 +39,6 @@ pub struct Credentials {
     pub cert_pem: String,
     pub key_pem: String,
     pub token: String,
-}
-
-/// Writes `data` to `path` atomically and durably, the file having `mode` from its creation.
-///
-/// # Flow
-/// A temp file unique to this call (`.NAME.<random>.tmp` next to `path`, created with
-/// `O_CREAT|O_EXCL` and `mode`, so never shared with another target or another writer and never
-/// readable with a looser mode), write, fsync, rename over `path`, fsync the directory.
-///
-/// # Errors
-/// `Write` with the path; `path` then still holds its previous content (or does not exist), and
-/// the temp file is removed.
-pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), PkiError> {
-    let err = |source| PkiError::Write { path: path.to_owned(), source };
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or_else(|| Path::new("."));
-    let name = path.file_name().ok_or_else(|| err(io::Error::new(io::ErrorKind::InvalidInput, "the path names no file")))?;
-    let (tmp, mut f) = create_temp(dir, name, mode).map_err(err)?;
-    let written = f.write_all(data).and_then(|()| f.sync_all());
-    drop(f);
-    let renamed = written.and_then(|()| fs::rename(&tmp, path));
-    if let Err(e) = renamed {
-        let _ = fs::remove_file(&tmp);
-        return Err(err(e));
-    }
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)
-}
-
-/// Creates a new temp file for `name` in `dir` with `mode`.
-fn create_temp(dir: &Path, name: &OsStr, mode: u32) -> io::Result<(PathBuf, fs::File)> {
-    for _ in 0..8 {
-        let tmp = dir.join(format!(".{}.{:016x}.tmp", name.to_string_lossy(), rand::random::<u64>()));
-        match fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp) {
-            Ok(f) => return Ok((tmp, f)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Err(io::Error::new(io::ErrorKind::AlreadyExists, "no unused temp file name after 8 tries"))
 }
 
 fn read(path: &Path) -> Result<String, PkiError> {
@@ -173,34 +130,5 @@ mod tests {
         let mut names: Vec<String> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         names.sort();
         assert_eq!(names, ["ca.crt", "ca.key", "server.crt", "server.key", "server.sans", "token"]);
-    }
-
-    #[test]
-    fn two_targets_and_concurrent_writers_never_share_a_temp_file() {
-        let t = tempfile::tempdir().unwrap();
-        // Old code: `a.key` and `a.crt` both used `a.tmp`; concurrent writers of one file too.
-        let threads: Vec<_> = (0..16)
-            .map(|i| {
-                let dir = t.path().to_owned();
-                std::thread::spawn(move || {
-                    let target = dir.join(if i % 2 == 0 { "a.key" } else { "a.crt" });
-                    let body = format!("{i}").repeat(10_000);
-                    for _ in 0..20 {
-                        write_atomic(&target, body.as_bytes(), 0o600).unwrap();
-                    }
-                })
-            })
-            .collect();
-        for th in threads {
-            th.join().unwrap();
-        }
-        for f in ["a.key", "a.crt"] {
-            let text = fs::read_to_string(t.path().join(f)).unwrap();
-            let first = &text[..text.len() / 10_000];
-            assert_eq!(text, first.repeat(10_000), "{f} holds one whole write");
-        }
-        let left: Vec<_> =
-            fs::read_dir(t.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp")).collect();
-        assert!(left.is_empty(), "{left:?}");
     }
 }

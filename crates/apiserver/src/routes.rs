@@ -1,55 +1,109 @@
-//! HTTP: parses Kubernetes REST paths and query parameters into calls on [`Objects`], and
-//! serves discovery, OpenAPI, lists, tables and watch streams.
+//! HTTP: the route table ([`ROUTES`]), which maps a request's method and path to its handler,
+//! and [`dispatch`], the entry point of every request.
+//!
+//! # Flow
+//! The rows are tried in order: the non-resource endpoints, discovery, OpenAPI, KubeVirt's
+//! subresources (fixed [`pattern`]s), then the verbs on resource paths. A path that matches no
+//! pattern is parsed as a resource path once ([`target::parse`]: 404 when it names no served
+//! resource, 400 for a bad query); a resource path with no row for its method is 405.
 //!
 //! # Guarantees
 //! - The request body is read only by the routes that take one (writes, deletes and the
 //!   KubeVirt subresources), up to [`ApiState::body_limit`]; `/healthz`, `/readyz`, `/livez`,
-//!   `/version`, `/metrics`, discovery and reads never read it.
+//!   `/version`, `/metrics`, discovery and reads never read it ([`Handler::Plain`] handlers get
+//!   no way to).
 //! - The `method` label of the request counter is one of a fixed set ([`method_label`]), so no
 //!   request can add metric series.
+//! - Every request runs in a `request` span carrying its method, route template, resource,
+//!   namespace and object name (`object`: `name` is the span's own name in JSON logs), so
+//!   every log line of a request says which object it is about.
 
-use std::collections::HashMap;
+pub mod pattern;
+
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, request::Parts, HeaderMap, Method, StatusCode};
+use axum::http::Method;
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use tracing::field::{display, Empty};
+use tracing::{Instrument, Span};
 
-use crate::limits::FRESHNESS_WAIT;
-use crate::objects::{DeleteOptions, Objects, Part, Propagation};
-use crate::patch::PatchKind;
-use crate::query::{self, ListOptions};
-use crate::registry::{self, ResourceDef};
+pub use crate::call::ApiState;
+use crate::call::Call;
+use crate::query;
 use crate::status::ApiError;
-use crate::{list, openapi, table, watch};
+use crate::target::{self, Resource, Shape};
+use crate::{discovery, subresources, verbs};
 
-/// Shared state of the HTTP layer.
-pub struct ApiState {
-    pub objects: Objects,
-    /// Largest accepted request body, in bytes.
-    pub body_limit: usize,
-    /// The `gitVersion` reported by `/version`.
-    pub git_version: String,
-    /// What `/metrics` serves.
-    pub metrics: Option<crate::metrics::SharedRegistry>,
-    /// The open watches, at most [`crate::limits::MAX_WATCHES`].
-    pub watches: watch::WatchSlots,
+/// What an async handler returns.
+pub type Reply<'a> = Pin<Box<dyn Future<Output = Result<Response, ApiError>> + Send + 'a>>;
+
+/// The handler of a [`Route::Path`].
+pub enum Handler {
+    /// Answers from the path, query and headers alone.
+    Plain(fn(&Call<'_>) -> Result<Response, ApiError>),
+    /// May read the body.
+    Async(for<'a> fn(Call<'a>) -> Reply<'a>),
 }
 
-/// What a REST path names.
-struct Target {
-    def: &'static ResourceDef,
-    ns: Option<String>,
-    name: Option<String>,
-    sub: Option<String>,
+/// One row of the route table.
+pub enum Route {
+    /// A method and a fixed path [`pattern`].
+    Path(Method, &'static str, Handler),
+    /// A method and the [`Shape`] of a resource path.
+    Verb(Method, Shape, for<'a> fn(Call<'a>, Resource) -> Reply<'a>),
 }
 
-pub(crate) fn json_response(code: StatusCode, v: &Value) -> Response {
-    (code, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+const fn get(pattern: &'static str, handler: fn(&Call<'_>) -> Result<Response, ApiError>) -> Route {
+    Route::Path(Method::GET, pattern, Handler::Plain(handler))
 }
+
+const fn put(pattern: &'static str, handler: for<'a> fn(Call<'a>) -> Reply<'a>) -> Route {
+    Route::Path(Method::PUT, pattern, Handler::Async(handler))
+}
+
+/// The route table, tried in order (see the module docs).
+pub static ROUTES: &[Route] = &[
+    // Non-resource endpoints.
+    get("/version", discovery::version),
+    get("/healthz", discovery::ok),
+    get("/readyz", discovery::ok),
+    get("/livez", discovery::ok),
+    get("/metrics", discovery::metrics),
+    // Discovery.
+    get("/api", discovery::core_versions),
+    get("/apis", discovery::api_groups),
+    get("/api/v1", discovery::core_resources),
+    get("/apis/subresources.kubevirt.io/v1", discovery::subresource_list),
+    get("/apis/{group}", discovery::api_group),
+    get("/apis/{group}/{version}", discovery::group_resources),
+    // OpenAPI.
+    get("/openapi/v2", discovery::openapi_v2),
+    get("/openapi/v3", discovery::openapi_v3),
+    get("/openapi/v3/{*path}", discovery::openapi_v3_group),
+    // KubeVirt's subresources.
+    put(
+        "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/{plural:virtualmachines|virtualmachineinstances}/{name}/{sub:addvolume|removevolume}",
+        |c| Box::pin(subresources::volumes(c)),
+    ),
+    put(
+        "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/{plural:virtualmachines}/{name}/{sub:start|stop|restart}",
+        |c| Box::pin(subresources::lifecycle(c)),
+    ),
+    // The verbs on resources.
+    Route::Verb(Method::GET, Shape::Collection, |c, r| Box::pin(verbs::list(c, r))),
+    Route::Verb(Method::POST, Shape::Collection, |c, r| Box::pin(verbs::create(c, r))),
+    Route::Verb(Method::DELETE, Shape::Collection, |c, r| Box::pin(verbs::delete_collection(c, r))),
+    Route::Verb(Method::GET, Shape::Object, |c, r| Box::pin(verbs::get(c, r))),
+    Route::Verb(Method::PUT, Shape::Object, |c, r| Box::pin(verbs::replace(c, r))),
+    Route::Verb(Method::PATCH, Shape::Object, |c, r| Box::pin(verbs::patch(c, r))),
+    Route::Verb(Method::DELETE, Shape::Object, |c, r| Box::pin(verbs::delete(c, r))),
+    Route::Verb(Method::GET, Shape::Status, |c, r| Box::pin(verbs::get(c, r))),
+    Route::Verb(Method::PUT, Shape::Status, |c, r| Box::pin(verbs::replace(c, r))),
+    Route::Verb(Method::PATCH, Shape::Status, |c, r| Box::pin(verbs::patch(c, r))),
+];
 
 /// The `method` label of a request: the standard methods by name, anything else `other`.
 #[must_use]
@@ -68,289 +122,109 @@ pub fn method_label(m: &Method) -> &'static str {
 
 /// Entry point for every request.
 pub async fn dispatch(State(st): State<Arc<ApiState>>, req: Request) -> Response {
-    let method = method_label(req.method()).to_owned();
-    let resp = match handle(&st, req).await {
+    let method = method_label(req.method());
+    let span = tracing::info_span!("request", method, route = Empty, resource = Empty, namespace = Empty, object = Empty);
+    let resp = match route(&st, req).instrument(span.clone()).await {
         Ok(r) => r,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            if e.code >= 500 {
+                span.in_scope(|| tracing::warn!(code = e.code, reason = e.reason, "{}", e.message));
+            }
+            e.into_response()
+        }
     };
-    crate::metrics::get().requests.get_or_create(&crate::metrics::RequestLabels { method, code: resp.status().as_u16().to_string() }).inc();
+    span.in_scope(|| tracing::debug!(code = resp.status().as_u16(), "answered"));
+    crate::metrics::get()
+        .requests
+        .get_or_create(&crate::metrics::RequestLabels { method: method.to_owned(), code: resp.status().as_u16().to_string() })
+        .inc();
     resp
 }
 
-/// Reads a request body, refusing more than `limit` bytes.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::too_large(limit))
+/// Finds the request's row in [`ROUTES`] and runs its handler.
+async fn route(st: &ApiState, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_owned();
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let query = query::params(parts.uri.query());
+    let mut resource: Option<Resource> = None;
+    for row in ROUTES {
+        match row {
+            Route::Path(method, pattern, handler) => {
+                if *method != parts.method {
+                    continue;
+                }
+                let Some(captures) = pattern::matches(pattern, &segs) else { continue };
+                record_path(pattern, &captures);
+                let call = Call::new(st, parts, query, captures, body);
+                return match handler {
+                    Handler::Plain(h) => h(&call),
+                    Handler::Async(h) => h(call).await,
+                };
+            }
+            Route::Verb(method, shape, handler) => {
+                let r = match resource.take() {
+                    Some(r) => r,
+                    None => target::parse(&segs, &query)?,
+                };
+                if *method != parts.method || *shape != r.shape {
+                    resource = Some(r);
+                    continue;
+                }
+                record_resource(&r);
+                return handler(Call::new(st, parts, query, Vec::new(), body), r).await;
+            }
+        }
+    }
+    Err(if resource.is_some() { ApiError::method_not_allowed() } else { ApiError::no_resource() })
 }
 
-async fn handle(st: &ApiState, req: Request) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
-    let path = parts.uri.path().trim_end_matches('/').to_owned();
-    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    if let Some(r) = non_resource(st, &parts, &segs) {
-        return r;
-    }
-    let query = query::params(parts.uri.query());
-    if let Some(sub) = kubevirt_subresource(&parts.method, &segs) {
-        let dry = query.get("dryRun").is_some_and(|v| v == "All");
-        let body = read_body(body, st.body_limit).await?;
-        return match sub {
-            Subresource::Volume { plural, ns, name, sub } => crate::volumes::handle(&st.objects, plural, ns, name, sub, &body, dry).await,
-            Subresource::Lifecycle { ns, name, sub } => crate::lifecycle::handle(&st.objects, ns, name, sub, &body, dry).await,
+/// Puts a path route's template and object into the request's span.
+fn record_path(pattern: &'static str, captures: &[(&'static str, String)]) {
+    let span = Span::current();
+    span.record("route", pattern);
+    let get = |name| captures.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str());
+    if let Some(plural) = get("plural") {
+        match get("sub") {
+            Some(sub) => span.record("resource", display(format_args!("{plural}/{sub}"))),
+            None => span.record("resource", plural),
         };
     }
-    let target = parse_target(&segs)?;
-    resource(st, parts, target, &query, body).await
-}
-
-/// Discovery and the other endpoints that are not objects; none of them reads the body.
-fn non_resource(st: &ApiState, parts: &Parts, segs: &[&str]) -> Option<Result<Response, ApiError>> {
-    Some(match (&parts.method, segs) {
-        (&Method::GET, ["version"]) => Ok(json_response(
-            StatusCode::OK,
-            &json!({
-                "major": "1", "minor": "33", "gitVersion": st.git_version, "gitCommit": "virtplug",
-                "gitTreeState": "clean", "buildDate": "2026-11-29T00:00:00Z", "goVersion": "rust",
-                "compiler": "rustc", "platform": "linux/amd64"
-            }),
-        )),
-        (&Method::GET, ["healthz" | "readyz" | "livez"]) => Ok((StatusCode::OK, "ok").into_response()),
-        (&Method::GET, ["metrics"]) => match &st.metrics {
-            None => Err(ApiError::no_resource()),
-            Some(registry) => {
-                let text = crate::metrics::render(registry);
-                Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
-            }
-        },
-        (&Method::GET, ["api"]) => Ok(json_response(StatusCode::OK, &registry::core_versions())),
-        (&Method::GET, ["apis"]) => Ok(json_response(StatusCode::OK, &registry::api_group_list())),
-        (&Method::GET, ["api", "v1"]) => {
-            registry::resource_list("", "v1").map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource)
-        }
-        (&Method::GET, ["apis", "subresources.kubevirt.io", "v1"]) => Ok(json_response(StatusCode::OK, &crate::volumes::resource_list())),
-        (&Method::GET, ["apis", g]) => registry::api_group(g).map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource),
-        (&Method::GET, ["apis", g, v]) => {
-            registry::resource_list(g, v).map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource)
-        }
-        (&Method::GET, ["openapi", "v2"]) => {
-            let accept = parts.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
-            if accept.contains("protobuf") {
-                Ok((
-                    StatusCode::OK,
-                    [(header::CONTENT_TYPE, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")],
-                    openapi::v2_protobuf(),
-                )
-                    .into_response())
-            } else {
-                Ok(json_response(StatusCode::OK, &openapi::v2()))
-            }
-        }
-        (&Method::GET, ["openapi", "v3"]) => Ok(json_response(StatusCode::OK, &openapi::v3_index())),
-        (&Method::GET, ["openapi", "v3", rest @ ..]) => {
-            openapi::v3_group(&rest.join("/")).map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource)
-        }
-        _ => return None,
-    })
-}
-
-/// KubeVirt's `subresources.kubevirt.io` PUTs.
-enum Subresource<'a> {
-    /// `addvolume` / `removevolume` on a VM or VMI.
-    Volume { plural: &'a str, ns: &'a str, name: &'a str, sub: &'a str },
-    /// `start` / `stop` / `restart` on a VM.
-    Lifecycle { ns: &'a str, name: &'a str, sub: &'a str },
-}
-
-fn kubevirt_subresource<'a>(method: &Method, segs: &[&'a str]) -> Option<Subresource<'a>> {
-    if method != Method::PUT {
-        return None;
+    if let Some(ns) = get("namespace") {
+        span.record("namespace", ns);
     }
-    match *segs {
-        ["apis", "subresources.kubevirt.io", "v1", "namespaces", ns, plural @ ("virtualmachines" | "virtualmachineinstances"), name, sub @ ("addvolume" | "removevolume")] => {
-            Some(Subresource::Volume { plural, ns, name, sub })
-        }
-        ["apis", "subresources.kubevirt.io", "v1", "namespaces", ns, "virtualmachines", name, sub @ ("start" | "stop" | "restart")] => {
-            Some(Subresource::Lifecycle { ns, name, sub })
-        }
-        _ => None,
+    if let Some(name) = get("name") {
+        span.record("object", name);
     }
 }
 
-/// The verbs on a resource path.
-async fn resource(st: &ApiState, parts: Parts, target: Target, query: &HashMap<String, String>, body: Body) -> Result<Response, ApiError> {
-    let accept = parts.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    let opts = ListOptions::parse(query)?;
-    let dry_run = opts.dry_run;
-    let ns = target.ns.as_deref();
-    let def = target.def;
-    let objects = &st.objects;
-    let part = match target.sub.as_deref() {
-        None => Part::Main,
-        Some("status") if def.status => Part::Status,
-        Some(_) => return Err(ApiError::no_resource()),
+/// Puts a resource route's template and object into the request's span.
+fn record_resource(r: &Resource) {
+    let span = Span::current();
+    span.record("route", display(r.template()));
+    match r.shape {
+        Shape::Status => span.record("resource", display(format_args!("{}/status", r.def.plural))),
+        Shape::Collection | Shape::Object => span.record("resource", r.def.plural),
     };
-
-    match (parts.method, target.name.as_deref()) {
-        (Method::GET, None) => {
-            if opts.watch {
-                return watch::serve(objects, &st.watches, def, ns, None, &opts, &accept);
-            }
-            list::serve(objects, def, ns, &opts, &accept).await
-        }
-        (Method::GET, Some(name)) => {
-            if opts.watch {
-                return watch::serve(objects, &st.watches, def, ns, Some(name), &opts, &accept);
-            }
-            if let Some(rv) = opts.resource_version.filter(|rv| *rv > 0) {
-                watch::wait_for_revision(&objects.store, rv, FRESHNESS_WAIT).await?;
-            }
-            let obj = objects.get(def, ns, name)?.object;
-            if table::wants_table(&accept) {
-                let t =
-                    table::table(def, &[&obj], &json!({"resourceVersion": obj.pointer("/metadata/resourceVersion")}), &opts.include_object);
-                return Ok(json_response(StatusCode::OK, &t));
-            }
-            Ok(json_response(StatusCode::OK, &obj))
-        }
-        (Method::POST, None) => {
-            if part != Part::Main {
-                return Err(ApiError::method_not_allowed());
-            }
-            let obj = parse_body(&parts.headers, &read_body(body, st.body_limit).await?)?;
-            let created = objects.create(def, ns, obj, dry_run).await?;
-            Ok(json_response(StatusCode::CREATED, &created))
-        }
-        (Method::PUT, Some(name)) => {
-            let obj = parse_body(&parts.headers, &read_body(body, st.body_limit).await?)?;
-            let out = objects.replace(def, ns, name, obj, part, dry_run).await?;
-            Ok(json_response(StatusCode::OK, &out))
-        }
-        (Method::PATCH, Some(name)) => {
-            let ct = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-            let kind = PatchKind::from_content_type(ct).ok_or_else(|| {
-                ApiError::unsupported_media(format!(
-                    "the body of the request was in an unknown format ({ct:?}) - accepted media types include: \
-                     application/json-patch+json, application/merge-patch+json"
-                ))
-            })?;
-            let body = read_body(body, st.body_limit).await?;
-            let out = objects.patch(def, ns, name, kind, &body, part, dry_run).await?;
-            Ok(json_response(StatusCode::OK, &out))
-        }
-        (Method::DELETE, Some(name)) => {
-            if part != Part::Main {
-                return Err(ApiError::method_not_allowed());
-            }
-            let opts = delete_options(query, &read_body(body, st.body_limit).await?, dry_run)?;
-            let out = objects.delete(def, ns, name, &opts).await?;
-            Ok(json_response(StatusCode::OK, &out))
-        }
-        (Method::DELETE, None) => {
-            let del = delete_options(query, &read_body(body, st.body_limit).await?, dry_run)?;
-            let (rv, items) = objects.list(def, ns, None);
-            let mut deleted = Vec::new();
-            for (_, obj) in items.iter().filter(|(_, o)| opts.labels.matches_labels(o) && opts.fields.matches_fields(o)) {
-                let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-                let ons = obj.pointer("/metadata/namespace").and_then(Value::as_str);
-                match objects.delete(def, ons, name, &del).await {
-                    Ok(v) => deleted.push(v),
-                    Err(e) if e.code == 404 => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(),
-                "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
-            ))
-        }
-        _ => Err(ApiError::method_not_allowed()),
+    if let Some(ns) = &r.ns {
+        span.record("namespace", ns.as_str());
+    }
+    if let Some(name) = &r.name {
+        span.record("object", name.as_str());
     }
 }
-
-fn parse_target(segs: &[&str]) -> Result<Target, ApiError> {
-    let (group, version, rest) = match segs {
-        ["api", v, rest @ ..] => ("", *v, rest),
-        ["apis", g, v, rest @ ..] => (*g, *v, rest),
-        _ => return Err(ApiError::no_resource()),
-    };
-    let find = |plural: &str| registry::find(group, version, plural).ok_or_else(ApiError::no_resource);
-    let own = |s: &&str| (*s).to_owned();
-    match rest {
-        ["namespaces", ns, plural, tail @ ..] if !group.is_empty() || !matches!(*plural, "status" | "finalize") => {
-            let def = find(plural)?;
-            if !def.namespaced {
-                return Err(ApiError::no_resource());
-            }
-            let (name, sub) = match tail {
-                [] => (None, None),
-                [n] => (Some(own(n)), None),
-                [n, s] => (Some(own(n)), Some(own(s))),
-                _ => return Err(ApiError::no_resource()),
-            };
-            Ok(Target { def, ns: Some((*ns).to_owned()), name, sub })
-        }
-        [plural, tail @ ..] => {
-            let def = find(plural)?;
-            let (name, sub) = match tail {
-                [] => (None, None),
-                [n] if !def.namespaced => (Some(own(n)), None),
-                [n, s] if !def.namespaced => (Some(own(n)), Some(own(s))),
-                _ => return Err(ApiError::no_resource()),
-            };
-            Ok(Target { def, ns: None, name, sub })
-        }
-        _ => Err(ApiError::no_resource()),
-    }
-}
-
-/// Parses a JSON or YAML body into an object (see [`crate::body`]).
-fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json");
-    crate::body::parse_object(ct, body)
-}
-
-fn delete_options(query: &HashMap<String, String>, body: &Bytes, dry_run: bool) -> Result<DeleteOptions, ApiError> {
-    // Objects go at once (deletionGracePeriodSeconds 0), but a bad grace period is still refused.
-    query::grace_period(query)?;
-    let mut opts = DeleteOptions { dry_run, ..DeleteOptions::default() };
-    let mut policy = query.get("propagationPolicy").cloned();
-    if !body.is_empty() {
-        let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("DeleteOptions is not valid JSON: {e}")))?;
-        opts.uid = v.pointer("/preconditions/uid").and_then(Value::as_str).map(str::to_owned);
-        opts.resource_version = v.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(str::to_owned);
-        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
-            policy = Some(p.to_owned());
-        }
-        if v.get("orphanDependents") == Some(&json!(true)) {
-            policy = Some("Orphan".to_owned());
-        }
-        if v.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All")) {
-            opts.dry_run = true;
-        }
-    }
-    opts.propagation = match policy.as_deref() {
-        None => None,
-        Some("Background") => Some(Propagation::Background),
-        Some("Foreground") => Some(Propagation::Foreground),
-        Some("Orphan") => Some(Propagation::Orphan),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!("unknown propagationPolicy {other:?}: use Background, Foreground or Orphan")));
-        }
-    };
-    Ok(opts)
-}
-
-/// A watch stream body.
-pub(crate) fn stream_response(body: Body) -> Response {
-    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-cache, private")], body).into_response()
-}
-
-/// How long a watch without `timeoutSeconds` stays open (the apiserver's default is 30–60 min).
-pub(crate) const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use axum::body::{Body, Bytes};
+    use axum::http::StatusCode;
+
+    use crate::objects::Objects;
+    use crate::watch;
 
     fn state(dir: &std::path::Path) -> Arc<ApiState> {
         let store = crate::Store::open(&dir.join("store.db"), &crate::StoreConfig::default()).unwrap();
@@ -395,5 +269,92 @@ mod tests {
             assert_eq!(method_label(&Method::from_bytes(m.as_bytes()).unwrap()), "other", "{m}");
         }
         assert_eq!(method_label(&Method::PATCH), "PATCH");
+    }
+
+    #[test]
+    fn the_table_is_well_formed_and_tries_resource_paths_last() {
+        let first_verb = ROUTES.iter().position(|r| matches!(r, Route::Verb(..))).unwrap();
+        assert!(ROUTES[first_verb..].iter().all(|r| matches!(r, Route::Verb(..))), "a path row after the verbs is never reached");
+        for row in ROUTES {
+            if let Route::Path(_, pattern, _) = row {
+                assert_eq!(pattern::check(pattern), None);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_paths_are_404_and_unknown_verbs_405() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = state(dir.path());
+        let vm = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines/vm1";
+        let subresource = "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/vm1/addvolume";
+        for (method, path, code) in [
+            ("POST", "/version", 404),
+            ("GET", "/apis/nothing.example.com/v1/things", 404),
+            ("GET", &format!("{vm}/console") as &str, 404),
+            ("GET", subresource, 404),
+            ("PUT", subresource, 400),
+            ("PUT", "/apis/kubevirt.io/v1/namespaces/default/virtualmachines", 405),
+            ("POST", vm, 405),
+            ("DELETE", &format!("{vm}/status"), 405),
+            ("GET", vm, 404),
+            ("GET", "/api/v1/namespaces", 200),
+            ("PATCH", "/api/v1/namespaces", 405),
+        ] {
+            let req = Request::builder().method(method).uri(path).body(Body::empty()).unwrap();
+            assert_eq!(dispatch(State(Arc::clone(&st)), req).await.status().as_u16(), code, "{method} {path}");
+        }
+    }
+
+    /// Collects what a subscriber writes.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    async fn logged(json: bool, st: &Arc<ApiState>, method: &str, path: &str) -> String {
+        let lines = Lines::default();
+        let writer = {
+            let lines = lines.clone();
+            move || lines.clone()
+        };
+        let builder = tracing_subscriber::fmt().with_writer(writer).with_ansi(false).with_max_level(tracing::Level::DEBUG);
+        let _default = if json {
+            tracing::subscriber::set_default(builder.json().finish())
+        } else {
+            tracing::subscriber::set_default(builder.finish())
+        };
+        let req = Request::builder().method(method).uri(path).body(Body::empty()).unwrap();
+        dispatch(State(Arc::clone(st)), req).await;
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    #[tokio::test]
+    async fn a_requests_log_lines_carry_its_object_in_text_and_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = state(dir.path());
+        let path = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines/vm1/status";
+        let json = logged(true, &st, "GET", path).await;
+        let line: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+        assert_eq!(
+            line["span"],
+            serde_json::json!({"name": "request", "method": "GET", "route": "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
+                "resource": "virtualmachines/status", "namespace": "default", "object": "vm1"}),
+            "{json}"
+        );
+        let text = logged(false, &st, "PUT", "/apis/subresources.kubevirt.io/v1/namespaces/ns2/virtualmachines/vm2/start").await;
+        assert!(
+            text.contains("resource=virtualmachines/start") && text.contains("namespace=\"ns2\"") && text.contains("object=\"vm2\""),
+            "{text}"
+        );
     }
 }

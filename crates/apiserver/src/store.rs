@@ -262,7 +262,7 @@ impl Store {
         let (exit, writer_exit) = tokio::sync::watch::channel(None);
         thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || crate::health::supervise_thread(crate::STORE_WRITER, &exit, || writer.run(&rx)))
+            .spawn(move || crate::health::supervise_thread(crate::health::STORE_WRITER, &exit, || writer.run(&rx)))
             .map_err(StoreError::Thread)?;
         Ok(Store { state, writer: tx, events, writer_exit })
     }

@@ -26,16 +26,20 @@ use axum::response::Response;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument;
 
 use crate::limits::{FRESHNESS_WAIT, MAX_WATCHES, MAX_WATCH_TIMEOUT};
 use crate::objects::Objects;
 use crate::query::ListOptions;
 use crate::registry::ResourceDef;
-use crate::routes::{stream_response, DEFAULT_WATCH_TIMEOUT};
+use crate::reply::stream_response;
 use crate::selectors::Selector;
 use crate::status::ApiError;
 use crate::store::{Event, EventType, Store, StoreError};
 use crate::table;
+
+/// How long a watch without `timeoutSeconds` stays open (the apiserver's default is 30–60 min).
+const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// How often an idle watch with `allowWatchBookmarks` gets a BOOKMARK.
 const BOOKMARK_EVERY: Duration = Duration::from_secs(10);
@@ -187,7 +191,7 @@ pub fn serve(
     let as_table = table::wants_table(accept);
     let store = objects.store.clone();
     let (tx, rx) = mpsc::channel::<Result<String, std::io::Error>>(64);
-    tokio::spawn(async move {
+    let stream = async move {
         let _slot = slot;
         let mut enc = Encoder { def, as_table, header_sent: false };
         let send = |line: String| {
@@ -202,7 +206,7 @@ pub fn serve(
             }
         };
         for e in &initial {
-            if !send(enc.line(e)).await {
+            if !send(enc.line_or_error(e)).await {
                 return;
             }
         }
@@ -215,7 +219,7 @@ pub fn serve(
         }
         let mut last = start;
         for e in backlog {
-            if e.rv > last && filter.matches(&e.key, &e.object) && !send(enc.line(&e)).await {
+            if e.rv > last && filter.matches(&e.key, &e.object) && !send(enc.line_or_error(&e)).await {
                 return;
             }
             last = last.max(e.rv);
@@ -236,7 +240,7 @@ pub fn serve(
                     Ok(e) => {
                         if e.rv <= last { continue; }
                         last = e.rv;
-                        if filter.matches(&e.key, &e.object) && !send(enc.line(&e)).await { return; }
+                        if filter.matches(&e.key, &e.object) && !send(enc.line_or_error(&e)).await { return; }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         let _ = send(error_line(&ApiError::expired(last, store.oldest()))).await;
@@ -246,7 +250,9 @@ pub fn serve(
                 }
             }
         }
-    });
+    };
+    // The stream runs in the request's span: its log lines name the watch's resource.
+    tokio::spawn(stream.instrument(tracing::Span::current()));
     Ok(stream_response(Body::from_stream(ReceiverStream::new(rx))))
 }
 
@@ -261,6 +267,21 @@ struct Encoder {
 }
 
 impl Encoder {
+    /// The line of `e`; if encoding it panics (a bug meeting a stored object of an unexpected
+    /// shape), an `ERROR` line naming the object instead (the client ends the watch and lists
+    /// again) and the panic is logged: one object never silently kills the stream, nor is its
+    /// event silently skipped.
+    fn line_or_error(&mut self, e: &Event) -> String {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.line(e))) {
+            Ok(line) => line,
+            Err(panic) => {
+                let message = crate::health::panic_message(panic.as_ref());
+                tracing::error!("watch: encoding {} at revision {} panicked ({message})", e.key, e.rv);
+                error_line(&ApiError::internal(format!("the server cannot encode {} at revision {}: {message}", e.key, e.rv)))
+            }
+        }
+    }
+
     fn line(&mut self, e: &Event) -> String {
         let object = if self.as_table {
             let mut t = table::table(self.def, &[&e.object], &json!({"resourceVersion": e.rv.to_string()}), "Metadata");

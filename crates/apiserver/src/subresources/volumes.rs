@@ -11,32 +11,19 @@
 //! success is 202. `dryRun: ["All"]` (body or query) validates and writes nothing. Removing a
 //! volume removes its disk too, except a CD-ROM drive, which stays as an empty drive (eject).
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{json, Value};
 
+use api::kubevirt::{AddVolumeOptions, Disk, HotplugVolumeSource, VirtualMachineInstanceSpec, Volume};
+use api::phases::VmiPhase;
 use api::validation::{Cause, CauseType};
 
 use crate::objects::Objects;
 use crate::registry;
 use crate::status::ApiError;
 
-/// `/apis/subresources.kubevirt.io/v1`
-#[must_use]
-pub fn resource_list() -> Value {
-    let mut resources = Vec::new();
-    for (plural, kind) in [("virtualmachines", "VirtualMachine"), ("virtualmachineinstances", "VirtualMachineInstance")] {
-        for sub in ["addvolume", "removevolume"] {
-            resources.push(
-                json!({"name": format!("{plural}/{sub}"), "singularName": "", "namespaced": true, "kind": kind, "verbs": ["update"]}),
-            );
-        }
-    }
-    for sub in crate::lifecycle::SUBRESOURCES {
-        resources.push(json!({"name": format!("virtualmachines/{sub}"), "singularName": "", "namespaced": true, "kind": "VirtualMachine", "verbs": ["update"]}));
-    }
-    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "subresources.kubevirt.io/v1", "resources": resources})
-}
+/// The subresources this module serves, for discovery.
+pub const SUBRESOURCES: [&str; 2] = ["addvolume", "removevolume"];
 
 fn bad(causes: &[Cause]) -> ApiError {
     let msg = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect::<Vec<_>>().join("; ");
@@ -49,8 +36,13 @@ fn conflict(message: String) -> ApiError {
     ApiError::conflict_message(message)
 }
 
-/// Parses and checks an `AddVolumeOptions` body: returns (name, disk, volume, dry run).
-fn parse_add(body: &[u8]) -> Result<(String, Value, Value, bool), ApiError> {
+/// Reads `value` as a `T`, or a 400 naming `field`.
+fn typed<T: serde::de::DeserializeOwned>(value: Value, field: &str) -> Result<T, ApiError> {
+    serde_json::from_value(value).map_err(|e| bad(&[Cause::new(CauseType::Invalid, field, e.to_string())]))
+}
+
+/// Parses and checks an `AddVolumeOptions` body: returns (disk, volume, dry run).
+fn parse_add(body: &[u8]) -> Result<(Disk, Volume, bool), ApiError> {
     let o: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the AddVolumeOptions body is not valid JSON: {e}")))?;
     let mut causes = Vec::new();
@@ -84,20 +76,19 @@ fn parse_add(body: &[u8]) -> Result<(String, Value, Value, bool), ApiError> {
     if !causes.is_empty() {
         return Err(bad(&causes));
     }
-    let mut disk = disk.unwrap_or_default();
-    disk["name"] = json!(name);
-    let mut volume = json!({"name": name});
-    if let Some(p) = pvc {
-        let mut p = p.clone();
-        p["hotpluggable"] = json!(true);
-        volume["persistentVolumeClaim"] = p;
-    } else if let Some(d) = dv {
-        let mut d = d.clone();
-        d["hotpluggable"] = json!(true);
-        volume["dataVolume"] = d;
-    }
+    // As KubeVirt: the disk is named after the volume, the source marked hot-pluggable.
+    let opts = AddVolumeOptions {
+        disk: Some(typed(disk.unwrap_or_default(), "disk")?),
+        volume_source: HotplugVolumeSource {
+            persistent_volume_claim: pvc.map(|p| typed(p.clone(), "volumeSource.persistentVolumeClaim")).transpose()?,
+            data_volume: dv.map(|d| typed(d.clone(), "volumeSource.dataVolume")).transpose()?,
+            ..HotplugVolumeSource::default()
+        },
+        name,
+        ..AddVolumeOptions::default()
+    };
     let dry = o.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All"));
-    Ok((name, disk, volume, dry))
+    Ok((opts.disk(), opts.volume(), dry))
 }
 
 fn parse_remove(body: &[u8]) -> Result<(String, bool), ApiError> {
@@ -111,14 +102,12 @@ fn parse_remove(body: &[u8]) -> Result<(String, bool), ApiError> {
     Ok((name, dry))
 }
 
-fn owned_by_vm(vmi: &Value) -> bool {
-    vmi.pointer("/metadata/ownerReferences").and_then(Value::as_array).is_some_and(|refs| {
-        refs.iter().any(|r| {
-            r.get("controller") == Some(&Value::Bool(true))
-                && r.get("kind") == Some(&json!("VirtualMachine"))
-                && r.get("apiVersion") == Some(&json!("kubevirt.io/v1"))
-        })
-    })
+fn owned_by_vm(vmi: &api::VirtualMachineInstance) -> bool {
+    vmi.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && r.kind == "VirtualMachine" && r.api_version == "kubevirt.io/v1")
 }
 
 /// Handles `PUT` on `virtualmachines|virtualmachineinstances/NAME/addvolume|removevolume`.
@@ -143,13 +132,13 @@ pub async fn handle(
         )));
     }
     enum Op {
-        Add(String, Value, Value),
+        Add(Box<(Disk, Volume)>),
         Remove(String),
     }
     let (op, dry) = match sub {
         "addvolume" => {
-            let (n, d, v, dry) = parse_add(body)?;
-            (Op::Add(n, d, v), dry)
+            let (d, v, dry) = parse_add(body)?;
+            (Op::Add(Box::new((d, v))), dry)
         }
         "removevolume" => {
             let (n, dry) = parse_remove(body)?;
@@ -159,13 +148,14 @@ pub async fn handle(
     };
     let is_vm = plural == "virtualmachines";
     if !is_vm {
-        let vmi = objects.get(def, Some(ns), name)?.object;
+        let vmi: api::VirtualMachineInstance = serde_json::from_value((*objects.get(def, Some(ns), name)?.object).clone())
+            .map_err(|e| ApiError::internal(format!("VMI {ns}/{name} cannot be read: {e}")))?;
         if owned_by_vm(&vmi) {
             return Err(ApiError::bad_request(format!(
                 "VMI {ns}/{name} is owned by a VM: use PUT /apis/subresources.kubevirt.io/v1/namespaces/{ns}/virtualmachines/{name}/{sub} (or edit the VM's spec)"
             )));
         }
-        if vmi.pointer("/status/phase").and_then(Value::as_str) != Some("Running") {
+        if vmi.phase() != Some(&VmiPhase::Running) {
             return Err(conflict(format!("VMI {ns}/{name} is not running: hot-plug needs a running VMI")));
         }
     }
@@ -173,15 +163,19 @@ pub async fn handle(
     objects
         .update_with(def, Some(ns), name, crate::objects::Part::Main, dry || query_dry_run, |cur| {
             let mut obj = cur.clone();
-            let Some(spec) = obj.pointer_mut(ptr) else {
+            let Some(raw) = obj.pointer_mut(ptr).filter(|v| !v.is_null()) else {
                 return Err(ApiError::bad_request(format!("{} {ns}/{name} has no {ptr}", def.kind)));
             };
+            let mut spec: VirtualMachineInstanceSpec = serde_json::from_value(raw.clone())
+                .map_err(|e| ApiError::internal(format!("{} {ns}/{name}: {ptr} cannot be read: {e}", def.kind)))?;
             match &op {
-                Op::Add(n, d, v) => api::volume_edit::add(spec, n, d, v).map_err(|e| conflict(e.0))?,
-                Op::Remove(n) => api::volume_edit::remove(spec, n).map(|_| ()).map_err(|e| conflict(e.0))?,
+                Op::Add(dv) => api::volume_edit::add(&mut spec, dv.0.clone(), dv.1.clone()).map_err(|e| conflict(e.0))?,
+                Op::Remove(n) => api::volume_edit::remove(&mut spec, n).map(|_| ()).map_err(|e| conflict(e.0))?,
             }
+            *raw = serde_json::to_value(&spec)
+                .map_err(|e| ApiError::internal(format!("{} {ns}/{name}: cannot encode {ptr}: {e}", def.kind)))?;
             Ok(obj)
         })
         .await?;
-    Ok((StatusCode::ACCEPTED, [(axum::http::header::CONTENT_TYPE, "application/json")], "").into_response())
+    Ok(crate::reply::accepted())
 }

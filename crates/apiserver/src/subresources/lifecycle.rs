@@ -15,11 +15,11 @@
 //! runs under `Halted`/`Manual` ("VM is not running"); restart under `Halted`/`Once`, or with no
 //! active VMI. `dryRun: ["All"]` (body or query) checks and writes nothing. Success is 202.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{json, Value};
 
 use api::kubevirt::{RunStrategy, VirtualMachineSpec};
+use api::phases::{StateChangeAction, VmiPhase};
 use api::validation::{Cause, CauseType};
 
 use crate::objects::{Objects, Part};
@@ -75,7 +75,7 @@ fn parse_body(sub: &str, body: &[u8]) -> Result<(bool, Option<i64>), ApiError> {
 fn vmi_active(vmi: Option<&Value>) -> bool {
     vmi.is_some_and(|v| {
         v.pointer("/metadata/deletionTimestamp").is_none()
-            && !matches!(v.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"))
+            && !v.pointer("/status/phase").and_then(Value::as_str).map(VmiPhase::parse).is_some_and(|p| p.is_final())
     })
 }
 
@@ -87,7 +87,8 @@ fn conflict(msg: impl Into<String>) -> ApiError {
 fn decide(action: Action, strategy: RunStrategy, vmi: Option<&Value>) -> Result<Change, ApiError> {
     let active = vmi_active(vmi);
     let uid = vmi.and_then(|v| v.pointer("/metadata/uid")).cloned().unwrap_or(Value::Null);
-    let stop = || json!({"action": "Stop", "uid": uid});
+    let stop = || json!({"action": StateChangeAction::Stop.as_str(), "uid": uid});
+    let start = || json!({"action": StateChangeAction::Start.as_str()});
     match action {
         Action::Start => {
             if active {
@@ -96,10 +97,8 @@ fn decide(action: Action, strategy: RunStrategy, vmi: Option<&Value>) -> Result<
             match strategy {
                 RunStrategy::Halted => Ok(Change::Strategy(RunStrategy::Always)),
                 // A finished VMI is stopped (deleted) first, then a new one is started.
-                RunStrategy::Manual | RunStrategy::RerunOnFailure if vmi.is_some() => {
-                    Ok(Change::Requests(vec![stop(), json!({"action": "Start"})]))
-                }
-                RunStrategy::Manual | RunStrategy::RerunOnFailure => Ok(Change::Requests(vec![json!({"action": "Start"})])),
+                RunStrategy::Manual | RunStrategy::RerunOnFailure if vmi.is_some() => Ok(Change::Requests(vec![stop(), start()])),
+                RunStrategy::Manual | RunStrategy::RerunOnFailure => Ok(Change::Requests(vec![start()])),
                 s => Err(conflict(format!("{} does not support manual start requests", s.as_str()))),
             }
         }
@@ -113,7 +112,7 @@ fn decide(action: Action, strategy: RunStrategy, vmi: Option<&Value>) -> Result<
                 Err(conflict(format!("{} does not support manual restart requests", strategy.as_str())))
             }
             _ if !active => Err(conflict("VM is not running")),
-            _ => Ok(Change::Requests(vec![stop(), json!({"action": "Start"})])),
+            _ => Ok(Change::Requests(vec![stop(), start()])),
         },
     }
 }
@@ -190,7 +189,7 @@ pub async fn handle(objects: &Objects, ns: &str, name: &str, sub: &str, body: &[
                 .await?;
         }
     }
-    Ok((StatusCode::ACCEPTED, [(axum::http::header::CONTENT_TYPE, "application/json")], "").into_response())
+    Ok(crate::reply::accepted())
 }
 
 #[cfg(test)]

@@ -1,0 +1,93 @@
+//! The endpoints that are not objects: `/version`, the health checks, `/metrics`, API
+//! discovery (`/api`, `/apis`, the group and resource lists) and the OpenAPI documents. They
+//! answer from the path and headers alone and never read the request body.
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::call::Call;
+use crate::reply::json_response;
+use crate::status::ApiError;
+use crate::{openapi, registry, subresources};
+
+type Answer = Result<Response, ApiError>;
+
+/// `GET /version`.
+pub fn version(c: &Call<'_>) -> Answer {
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "major": "1", "minor": "33", "gitVersion": c.st.git_version, "gitCommit": "virtplug",
+            "gitTreeState": "clean", "buildDate": "2026-11-29T00:00:00Z", "goVersion": "rust",
+            "compiler": "rustc", "platform": "linux/amd64"
+        }),
+    ))
+}
+
+/// `GET /healthz`, `/livez` (and `/readyz` when the readiness layer is not in front).
+pub fn ok(_: &Call<'_>) -> Answer {
+    Ok((StatusCode::OK, "ok").into_response())
+}
+
+/// `GET /metrics`: 404 when the server has no registry.
+pub fn metrics(c: &Call<'_>) -> Answer {
+    let registry = c.st.metrics.as_ref().ok_or_else(ApiError::no_resource)?;
+    let text = crate::metrics::render(registry);
+    Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+}
+
+/// `GET /api`.
+pub fn core_versions(_: &Call<'_>) -> Answer {
+    Ok(json_response(StatusCode::OK, &registry::core_versions()))
+}
+
+/// `GET /apis`.
+pub fn api_groups(_: &Call<'_>) -> Answer {
+    Ok(json_response(StatusCode::OK, &registry::api_group_list()))
+}
+
+/// `GET /api/v1`.
+pub fn core_resources(_: &Call<'_>) -> Answer {
+    registry::resource_list("", "v1").map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource)
+}
+
+/// `GET /apis/subresources.kubevirt.io/v1`.
+pub fn subresource_list(_: &Call<'_>) -> Answer {
+    Ok(json_response(StatusCode::OK, &subresources::resource_list()))
+}
+
+/// `GET /apis/{group}`.
+pub fn api_group(c: &Call<'_>) -> Answer {
+    registry::api_group(c.capture("group")).map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource)
+}
+
+/// `GET /apis/{group}/{version}`.
+pub fn group_resources(c: &Call<'_>) -> Answer {
+    registry::resource_list(c.capture("group"), c.capture("version"))
+        .map(|v| json_response(StatusCode::OK, &v))
+        .ok_or_else(ApiError::no_resource)
+}
+
+/// `GET /openapi/v2`, as protobuf when the client accepts it (kubectl does).
+pub fn openapi_v2(c: &Call<'_>) -> Answer {
+    if c.header(header::ACCEPT).contains("protobuf") {
+        return Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")],
+            openapi::v2_protobuf(),
+        )
+            .into_response());
+    }
+    Ok(json_response(StatusCode::OK, &openapi::v2()))
+}
+
+/// `GET /openapi/v3`.
+pub fn openapi_v3(_: &Call<'_>) -> Answer {
+    Ok(json_response(StatusCode::OK, &openapi::v3_index()))
+}
+
+/// `GET /openapi/v3/{group-version path}`.
+pub fn openapi_v3_group(c: &Call<'_>) -> Answer {
+    openapi::v3_group(c.capture("path")).map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource)
+}

@@ -1,0 +1,52 @@
+//! KubeVirt's subresources (`/apis/subresources.kubevirt.io/v1`): `PUT` on
+//! - `virtualmachines|virtualmachineinstances/NAME/addvolume|removevolume`: [`volumes`];
+//! - `virtualmachines/NAME/start|stop|restart`: [`lifecycle`].
+//!
+//! Each reads its options body (up to the body limit) and `?dryRun=All`, and records the
+//! change on the object; the controller and node agent carry it out.
+
+pub mod lifecycle;
+pub mod volumes;
+
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use crate::call::Call;
+use crate::status::ApiError;
+
+/// `/apis/subresources.kubevirt.io/v1`
+#[must_use]
+pub fn resource_list() -> Value {
+    let mut resources = Vec::new();
+    for (plural, kind) in [("virtualmachines", "VirtualMachine"), ("virtualmachineinstances", "VirtualMachineInstance")] {
+        for sub in volumes::SUBRESOURCES {
+            resources.push(
+                json!({"name": format!("{plural}/{sub}"), "singularName": "", "namespaced": true, "kind": kind, "verbs": ["update"]}),
+            );
+        }
+    }
+    for sub in lifecycle::SUBRESOURCES {
+        resources.push(json!({"name": format!("virtualmachines/{sub}"), "singularName": "", "namespaced": true, "kind": "VirtualMachine", "verbs": ["update"]}));
+    }
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "subresources.kubevirt.io/v1", "resources": resources})
+}
+
+/// `PUT .../{plural}/{name}/addvolume|removevolume`.
+///
+/// # Errors
+/// 413 for a body over the limit; see [`volumes::handle`].
+pub async fn volumes(mut c: Call<'_>) -> Result<Response, ApiError> {
+    let dry = c.dry_run_query();
+    let body = c.body().await?;
+    volumes::handle(&c.st.objects, c.capture("plural"), c.capture("namespace"), c.capture("name"), c.capture("sub"), &body, dry).await
+}
+
+/// `PUT .../virtualmachines/{name}/start|stop|restart`.
+///
+/// # Errors
+/// 413 for a body over the limit; see [`lifecycle::handle`].
+pub async fn lifecycle(mut c: Call<'_>) -> Result<Response, ApiError> {
+    let dry = c.dry_run_query();
+    let body = c.body().await?;
+    lifecycle::handle(&c.st.objects, c.capture("namespace"), c.capture("name"), c.capture("sub"), &body, dry).await
+}

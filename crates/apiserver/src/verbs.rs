@@ -1,0 +1,148 @@
+//! The verbs on a resource path ([`crate::target`]): list and watch, get, create, replace,
+//! patch, delete and delete a collection, each a call on [`crate::objects::Objects`].
+
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use crate::call::Call;
+use crate::limits::FRESHNESS_WAIT;
+use crate::objects::{DeleteOptions, Propagation};
+use crate::patch::PatchKind;
+use crate::query;
+use crate::reply::json_response;
+use crate::status::ApiError;
+use crate::target::Resource;
+use crate::{list, table, watch};
+
+type Answer = Result<Response, ApiError>;
+
+/// `GET` of a collection: a list, or a watch with `?watch=true`.
+pub async fn list(c: Call<'_>, r: Resource) -> Answer {
+    let accept = c.header(header::ACCEPT);
+    if r.opts.watch {
+        return watch::serve(&c.st.objects, &c.st.watches, r.def, r.ns.as_deref(), None, &r.opts, accept);
+    }
+    list::serve(&c.st.objects, r.def, r.ns.as_deref(), &r.opts, accept).await
+}
+
+/// `GET` of an object (or its status): the object, as a Table when asked, or a watch of it with
+/// `?watch=true`.
+pub async fn get(c: Call<'_>, r: Resource) -> Answer {
+    let accept = c.header(header::ACCEPT);
+    let (objects, ns, name) = (&c.st.objects, r.ns.as_deref(), r.name()?);
+    if r.opts.watch {
+        return watch::serve(objects, &c.st.watches, r.def, ns, Some(name), &r.opts, accept);
+    }
+    if let Some(rv) = r.opts.resource_version.filter(|rv| *rv > 0) {
+        watch::wait_for_revision(&objects.store, rv, FRESHNESS_WAIT).await?;
+    }
+    let obj = objects.get(r.def, ns, name)?.object;
+    if table::wants_table(accept) {
+        let t = table::table(r.def, &[&obj], &json!({"resourceVersion": obj.pointer("/metadata/resourceVersion")}), &r.opts.include_object);
+        return Ok(json_response(StatusCode::OK, &t));
+    }
+    Ok(json_response(StatusCode::OK, &obj))
+}
+
+/// `POST` to a collection.
+pub async fn create(mut c: Call<'_>, r: Resource) -> Answer {
+    let body = c.body().await?;
+    let obj = parse_body(&c, &body)?;
+    let created = c.st.objects.create(r.def, r.ns.as_deref(), obj, r.opts.dry_run).await?;
+    Ok(json_response(StatusCode::CREATED, &created))
+}
+
+/// `PUT` of an object or its status.
+pub async fn replace(mut c: Call<'_>, r: Resource) -> Answer {
+    let body = c.body().await?;
+    let obj = parse_body(&c, &body)?;
+    let out = c.st.objects.replace(r.def, r.ns.as_deref(), r.name()?, obj, r.part(), r.opts.dry_run).await?;
+    Ok(json_response(StatusCode::OK, &out))
+}
+
+/// `PATCH` of an object or its status: JSON, merge or strategic merge patch by content type.
+pub async fn patch(mut c: Call<'_>, r: Resource) -> Answer {
+    let ct = c.header(header::CONTENT_TYPE);
+    let kind = PatchKind::from_content_type(ct).ok_or_else(|| {
+        ApiError::unsupported_media(format!(
+            "the body of the request was in an unknown format ({ct:?}) - accepted media types include: \
+             application/json-patch+json, application/merge-patch+json"
+        ))
+    })?;
+    let body = c.body().await?;
+    let out = c.st.objects.patch(r.def, r.ns.as_deref(), r.name()?, kind, &body, r.part(), r.opts.dry_run).await?;
+    Ok(json_response(StatusCode::OK, &out))
+}
+
+/// `DELETE` of an object, with `DeleteOptions` from the query and body.
+pub async fn delete(mut c: Call<'_>, r: Resource) -> Answer {
+    let body = c.body().await?;
+    let opts = delete_options(&c.query, &body, r.opts.dry_run)?;
+    let out = c.st.objects.delete(r.def, r.ns.as_deref(), r.name()?, &opts).await?;
+    Ok(json_response(StatusCode::OK, &out))
+}
+
+/// `DELETE` of a collection: every object the label and field selectors match; the answer
+/// lists the deleted ones (one deleted meanwhile by someone else is left out).
+pub async fn delete_collection(mut c: Call<'_>, r: Resource) -> Answer {
+    let body = c.body().await?;
+    let del = delete_options(&c.query, &body, r.opts.dry_run)?;
+    let (def, objects) = (r.def, &c.st.objects);
+    let (rv, items) = objects.list(def, r.ns.as_deref(), None);
+    let mut deleted = Vec::new();
+    for (_, obj) in items.iter().filter(|(_, o)| r.opts.labels.matches_labels(o) && r.opts.fields.matches_fields(o)) {
+        let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        let ons = obj.pointer("/metadata/namespace").and_then(Value::as_str);
+        match objects.delete(def, ons, name, &del).await {
+            Ok(v) => deleted.push(v),
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(),
+        "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
+    ))
+}
+
+/// Parses a JSON or YAML body into an object (see [`crate::body`]; JSON unless the content
+/// type says YAML).
+fn parse_body(c: &Call<'_>, body: &Bytes) -> Result<Value, ApiError> {
+    crate::body::parse_object(c.header(header::CONTENT_TYPE), body)
+}
+
+fn delete_options(query: &HashMap<String, String>, body: &Bytes, dry_run: bool) -> Result<DeleteOptions, ApiError> {
+    // Objects go at once (deletionGracePeriodSeconds 0), but a bad grace period is still refused.
+    query::grace_period(query)?;
+    let mut opts = DeleteOptions { dry_run, ..DeleteOptions::default() };
+    let mut policy = query.get("propagationPolicy").cloned();
+    if !body.is_empty() {
+        let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("DeleteOptions is not valid JSON: {e}")))?;
+        opts.uid = v.pointer("/preconditions/uid").and_then(Value::as_str).map(str::to_owned);
+        opts.resource_version = v.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(str::to_owned);
+        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+            policy = Some(p.to_owned());
+        }
+        if v.get("orphanDependents") == Some(&json!(true)) {
+            policy = Some("Orphan".to_owned());
+        }
+        if v.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All")) {
+            opts.dry_run = true;
+        }
+    }
+    opts.propagation = match policy.as_deref() {
+        None => None,
+        Some("Background") => Some(Propagation::Background),
+        Some("Foreground") => Some(Propagation::Foreground),
+        Some("Orphan") => Some(Propagation::Orphan),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!("unknown propagationPolicy {other:?}: use Background, Foreground or Orphan")));
+        }
+    };
+    Ok(opts)
+}
