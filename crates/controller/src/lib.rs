@@ -7,12 +7,14 @@
 //! - [`selfheal`], [`volume_requests`]: broken specs and legacy requests, reported or repaired;
 //! - [`storage`]: the local PVC provisioner and DataVolume import;
 //! - [`migrate`]: the move of VMI-only hot-plugged volumes into VM specs;
-//! - [`run`]: the controllers wired together.
+//! - [`run`]: the controllers wired together, reading from reflector stores ([`cache`]).
 
+pub mod cache;
 pub mod hotplug;
 pub mod lifecycle;
 pub mod metrics;
 pub mod migrate;
+mod reconcile;
 pub mod run;
 pub mod selfheal;
 pub mod storage;

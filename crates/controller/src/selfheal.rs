@@ -7,9 +7,11 @@
 //! the Redfish service inserted as virtual media. Only those get a drive re-added; any other
 //! volume without a disk is reported, never guessed at.
 
-use serde_json::{json, Value};
+use kube::ResourceExt;
 
+use api::kubevirt::{CdromTarget, Disk};
 use api::validation::Cause;
+use api::VirtualMachine;
 
 /// VM annotation: comma-separated names of volumes inserted as virtual media.
 pub const VIRTUAL_MEDIA: &str = "virtplug.io/virtual-media";
@@ -18,10 +20,9 @@ pub const CONDITION: &str = "SpecValid";
 
 /// The volumes marked as virtual media on `vm`.
 #[must_use]
-pub fn marked(vm: &Value) -> Vec<String> {
-    vm.pointer("/metadata/annotations")
-        .and_then(|a| a.get(VIRTUAL_MEDIA))
-        .and_then(Value::as_str)
+pub fn marked(vm: &VirtualMachine) -> Vec<String> {
+    vm.annotations()
+        .get(VIRTUAL_MEDIA)
         .map(|s| s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
         .unwrap_or_default()
 }
@@ -30,19 +31,16 @@ pub fn marked(vm: &Value) -> Vec<String> {
 /// disk, on the SATA bus (KubeVirt's rule for a hot-pluggable CD-ROM medium: its drive exists
 /// from boot and media are swapped in it).
 #[must_use]
-pub fn missing_drives(vm: &Value) -> Vec<Value> {
-    let spec = vm.pointer("/spec/template/spec").unwrap_or(&Value::Null);
-    let names = |ptr: &str| -> Vec<String> {
-        spec.pointer(ptr)
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|v| v.get("name").and_then(Value::as_str)).map(str::to_owned).collect())
-            .unwrap_or_default()
-    };
-    let (volumes, disks) = (names("/volumes"), names("/domain/devices/disks"));
+pub fn missing_drives(vm: &VirtualMachine) -> Vec<Disk> {
+    let Some(spec) = vm.spec.template.spec.as_ref() else { return Vec::new() };
     marked(vm)
         .into_iter()
-        .filter(|m| volumes.contains(m) && !disks.contains(m))
-        .map(|m| json!({"name": m, "cdrom": {"bus": "sata", "readonly": true}}))
+        .filter(|m| spec.volumes.iter().any(|v| v.name == *m) && !spec.domain.devices.disks.iter().any(|d| d.name == *m))
+        .map(|m| Disk {
+            name: m,
+            cdrom: Some(CdromTarget { bus: Some("sata".to_owned()), readonly: Some(true), ..CdromTarget::default() }),
+            ..Disk::default()
+        })
         .collect()
 }
 
@@ -60,22 +58,25 @@ pub fn describe(causes: &[Cause]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
-    fn vm(annotation: Option<&str>) -> Value {
-        let mut vm = json!({"metadata": {"name": "v"}, "spec": {"template": {"spec": {
+    fn vm(annotation: Option<&str>) -> VirtualMachine {
+        let mut vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "v"}, "spec": {"template": {"spec": {
             "domain": {"devices": {"disks": [{"name": "root"}]}},
             "volumes": [{"name": "root"}, {"name": "cdrom0", "dataVolume": {"name": "iso", "hotpluggable": true}}, {"name": "other"}]}}}});
         if let Some(a) = annotation {
             vm["metadata"]["annotations"] = json!({VIRTUAL_MEDIA: a});
         }
-        vm
+        serde_json::from_value(vm).unwrap()
     }
 
     #[test]
     fn only_marked_volumes_without_a_disk_get_a_drive() {
         assert!(missing_drives(&vm(None)).is_empty(), "unmarked: reported, not repaired");
-        assert_eq!(missing_drives(&vm(Some("cdrom0, gone"))), [json!({"name": "cdrom0", "cdrom": {"bus": "sata", "readonly": true}})]);
+        let drives = serde_json::to_value(missing_drives(&vm(Some("cdrom0, gone")))).unwrap();
+        assert_eq!(drives, json!([{"name": "cdrom0", "cdrom": {"bus": "sata", "readonly": true}}]));
         assert!(missing_drives(&vm(Some("root"))).is_empty(), "root has its disk");
     }
 }

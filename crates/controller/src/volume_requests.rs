@@ -11,9 +11,7 @@
 //! every sync of such a VM silently; here the VM gets the [`CONDITION`] condition that says what
 //! to do instead.
 
-use serde_json::{json, Value};
-
-use api::kubevirt::VirtualMachineVolumeRequest;
+use api::kubevirt::{VirtualMachineInstanceSpec, VirtualMachineVolumeRequest};
 use api::volume_edit;
 
 /// The VM condition present while requests are pending under the declarative path.
@@ -38,35 +36,19 @@ pub enum Outcome {
 }
 
 /// Applies `req` to `template` (the VM's `spec.template.spec`).
-pub fn apply(template: &mut Value, req: &VirtualMachineVolumeRequest) -> Outcome {
+pub fn apply(template: &mut VirtualMachineInstanceSpec, req: &VirtualMachineVolumeRequest) -> Outcome {
     if let Some(add) = &req.add_volume_options {
-        let mut volume = serde_json::to_value(&add.volume_source).unwrap_or(Value::Null);
-        volume["name"] = json!(add.name);
-        for key in ["persistentVolumeClaim", "dataVolume"] {
-            if volume.get(key).is_some_and(Value::is_object) {
-                volume[key]["hotpluggable"] = json!(true);
-            }
-        }
-        let mut disk =
-            add.disk.as_ref().map(|d| serde_json::to_value(d).unwrap_or(Value::Null)).unwrap_or_else(|| json!({"disk": {"bus": "scsi"}}));
-        disk["name"] = json!(add.name);
-        let exists = template.pointer("/volumes").and_then(Value::as_array).is_some_and(|vs| {
-            vs.iter().any(|v| v.get("name") == Some(&json!(add.name)) && volume_edit::source_name(v) == volume_edit::source_name(&volume))
-        });
-        if exists {
+        let volume = add.volume();
+        if template.volumes.iter().any(|v| v.name == add.name && v.claim_name() == volume.claim_name()) {
             return Outcome::AlreadyInEffect;
         }
-        return match volume_edit::add(template, &add.name, &disk, &volume) {
+        return match volume_edit::add(template, add.disk(), volume) {
             Ok(()) => Outcome::Applied,
             Err(e) => Outcome::Refused(e.0),
         };
     }
     if let Some(rm) = &req.remove_volume_options {
-        let present = template
-            .pointer("/volumes")
-            .and_then(Value::as_array)
-            .is_some_and(|vs| vs.iter().any(|v| v.get("name") == Some(&json!(rm.name))));
-        if !present {
+        if !template.volumes.iter().any(|v| v.name == rm.name) {
             return Outcome::AlreadyInEffect;
         }
         return match volume_edit::remove(template, &rm.name) {
@@ -79,6 +61,8 @@ pub fn apply(template: &mut Value, req: &VirtualMachineVolumeRequest) -> Outcome
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{json, Value};
+
     use super::*;
 
     fn req(v: Value) -> VirtualMachineVolumeRequest {
@@ -87,17 +71,20 @@ mod tests {
 
     #[test]
     fn add_then_remove_and_replays_are_no_ops() {
-        let mut t = json!({"domain": {"devices": {"disks": []}}, "volumes": []});
+        let initial: VirtualMachineInstanceSpec =
+            serde_json::from_value(json!({"domain": {"devices": {"disks": []}}, "volumes": []})).unwrap();
+        let mut t = initial.clone();
         let add = req(
             json!({"addVolumeOptions": {"name": "d", "disk": {"disk": {"bus": "scsi"}}, "volumeSource": {"persistentVolumeClaim": {"claimName": "c"}}}}),
         );
         assert_eq!(apply(&mut t, &add), Outcome::Applied);
-        assert_eq!(t["volumes"][0], json!({"name": "d", "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}}));
-        assert_eq!(t["domain"]["devices"]["disks"][0], json!({"name": "d", "disk": {"bus": "scsi"}}));
+        let json = |t: &VirtualMachineInstanceSpec| serde_json::to_value(t).unwrap();
+        assert_eq!(json(&t)["volumes"][0], json!({"name": "d", "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}}));
+        assert_eq!(json(&t)["domain"]["devices"]["disks"][0], json!({"name": "d", "disk": {"bus": "scsi"}}));
         assert_eq!(apply(&mut t, &add), Outcome::AlreadyInEffect);
         let rm = req(json!({"removeVolumeOptions": {"name": "d"}}));
         assert_eq!(apply(&mut t, &rm), Outcome::Applied);
         assert_eq!(apply(&mut t, &rm), Outcome::AlreadyInEffect);
-        assert_eq!(t, json!({"domain": {"devices": {"disks": []}}, "volumes": []}));
+        assert_eq!(t, initial);
     }
 }

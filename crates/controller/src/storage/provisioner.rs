@@ -28,7 +28,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
 use kube::ResourceExt;
+use tracing::Instrument;
 
+use api::phases::ClaimPhase;
 use api::VirtualMachineInstance;
 use client::events::{self, EventType};
 
@@ -70,17 +72,10 @@ fn api_err(claim: &str) -> impl FnOnce(client::UpdateError<client::Never>) -> Pr
     move |e| ProvisionError::Api { claim: claim.to_owned(), source: Box::new(e) }
 }
 
-/// The names of the claims a VMI uses: `persistentVolumeClaim.claimName` and `dataVolume.name`
-/// (a DataVolume's claim has the DataVolume's name).
+/// The names of the claims a VMI uses ([`api::kubevirt::Volume::claim_name`]).
 #[must_use]
 pub fn claims_of(vmi: &VirtualMachineInstance) -> Vec<String> {
-    vmi.spec
-        .volumes
-        .iter()
-        .filter_map(|v| {
-            v.persistent_volume_claim.as_ref().map(|p| p.claim_name.clone()).or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
-        })
-        .collect()
+    vmi.spec.volumes.iter().filter_map(|v| v.claim_name().map(str::to_owned)).collect()
 }
 
 /// The VMIs in `ns` that use claim `name`.
@@ -136,139 +131,200 @@ async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Act
     r
 }
 
+/// One claim's reconcile, in a span naming it: released when deleted, else provisioned.
 async fn reconcile_once(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Action, ProvisionError> {
     if !serves(&pvc) {
         return Ok(Action::await_change());
     }
-    let ns = pvc.namespace().unwrap_or_default();
-    let name = pvc.name_any();
-    let claim = format!("{ns}/{name}");
     let Some(uid) = pvc.uid() else { return Ok(Action::await_change()) };
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-
-    if pvc.metadata.deletion_timestamp.is_some() {
-        if !pvc.finalizers().iter().any(|f| f == FINALIZER) {
-            return Ok(Action::await_change());
+    let claim = Claim {
+        api: Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default()),
+        object: format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any()),
+        pvc: &pvc,
+        ctx: &ctx,
+        uid,
+    };
+    let span = tracing::info_span!("claim", claim = %claim.object);
+    async {
+        if pvc.metadata.deletion_timestamp.is_some() {
+            claim.release().await
+        } else {
+            claim.provision().await
         }
-        let users = users(&ctx.client, &ns, &name).await.map_err(|e| ProvisionError::Api { claim: claim.clone(), source: Box::new(e) })?;
+    }
+    .instrument(span)
+    .await?;
+    Ok(Action::await_change())
+}
+
+/// The claim being reconciled.
+struct Claim<'a> {
+    pvc: &'a PersistentVolumeClaim,
+    ctx: &'a Ctx,
+    api: Api<PersistentVolumeClaim>,
+    /// `ns/name`, for errors (which travel beyond the span).
+    object: String,
+    uid: String,
+}
+
+impl Claim<'_> {
+    fn name(&self) -> String {
+        self.pvc.name_any()
+    }
+
+    /// A deleted claim: its backing is released and the finalizer dropped once no VMI uses it
+    /// (the VMI's change wakes the claim again).
+    async fn release(&self) -> Result<(), ProvisionError> {
+        if !self.pvc.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        let ns = self.pvc.namespace().unwrap_or_default();
+        let users = users(&self.ctx.client, &ns, &self.name())
+            .await
+            .map_err(|e| ProvisionError::Api { claim: self.object.clone(), source: Box::new(e) })?;
         if !users.is_empty() {
             let msg = format!("claim is used by VMI {}; its storage is released when no VMI uses it", users.join(", "));
-            events::publish(&ctx.client, COMPONENT, pvc.as_ref(), EventType::Normal, "ClaimInUse", &msg).await;
-            return Ok(Action::await_change()); // the VMI's change wakes this claim
+            events::publish(&self.ctx.client, COMPONENT, self.pvc, EventType::Normal, "ClaimInUse", &msg).await;
+            return Ok(());
         }
-        let (root, uid2, claim2) = (ctx.root.clone(), uid.clone(), claim.clone());
-        tokio::task::spawn_blocking(move || release(&root, &uid2, &claim2))
+        let (root, uid, claim) = (self.ctx.root.clone(), self.uid.clone(), self.object.clone());
+        tokio::task::spawn_blocking(move || release(&root, &uid, &claim))
             .await
-            .map_err(|e| ProvisionError::Api { claim: claim.clone(), source: Box::new(e) })??;
-        client::update(&api, &name, |p: &mut PersistentVolumeClaim| {
+            .map_err(|e| ProvisionError::Api { claim: self.object.clone(), source: Box::new(e) })??;
+        client::update(&self.api, &self.name(), |p: &mut PersistentVolumeClaim| {
             if let Some(f) = p.metadata.finalizers.as_mut() {
                 f.retain(|x| x != FINALIZER);
             }
         })
         .await
-        .map_err(api_err(&claim))?;
-        tracing::info!("released the storage of claim {claim}");
-        return Ok(Action::await_change());
+        .map_err(api_err(&self.object))?;
+        tracing::info!("released the claim's storage");
+        Ok(())
     }
 
-    let size = match requested_bytes(&pvc) {
-        Ok(size) => size,
-        Err(message) => {
-            // Only an edit of the claim can fix this: report it and wait for one.
-            events::publish(&ctx.client, COMPONENT, pvc.as_ref(), EventType::Warning, "ProvisioningFailed", &message).await;
-            tracing::warn!("claim {claim}: {message}");
-            return Ok(Action::await_change());
-        }
-    };
-    let mode = VolumeMode::of(&pvc);
-    if !pvc.finalizers().iter().any(|f| f == FINALIZER) {
-        client::update(&api, &name, |p: &mut PersistentVolumeClaim| {
-            let f = p.metadata.finalizers.get_or_insert_with(Vec::new);
-            if !f.iter().any(|x| x == FINALIZER) {
-                f.push(FINALIZER.to_owned());
+    /// A live claim: finalizer, backing, then bound.
+    async fn provision(&self) -> Result<(), ProvisionError> {
+        let size = match requested_bytes(self.pvc) {
+            Ok(size) => size,
+            Err(message) => {
+                // Only an edit of the claim can fix this: report it and wait for one.
+                events::publish(&self.ctx.client, COMPONENT, self.pvc, EventType::Warning, "ProvisioningFailed", &message).await;
+                tracing::warn!("{message}");
+                return Ok(());
             }
-        })
-        .await
-        .map_err(api_err(&claim))?;
+        };
+        if !self.pvc.finalizers().iter().any(|f| f == FINALIZER) {
+            client::update(&self.api, &self.name(), |p: &mut PersistentVolumeClaim| {
+                let f = p.metadata.finalizers.get_or_insert_with(Vec::new);
+                if !f.iter().any(|x| x == FINALIZER) {
+                    f.push(FINALIZER.to_owned());
+                }
+            })
+            .await
+            .map_err(api_err(&self.object))?;
+        }
+        let backing = self.backing(size).await?;
+        self.bind(&backing, size).await
     }
 
-    // The backing, idempotently (also re-attaches a Block claim's loop device after a reboot).
-    let dir = claim_dir(&ctx.root, &uid);
-    let image = dir.join(mode.image_name());
-    let device = {
-        let (dir, image, claim) = (dir.clone(), image.clone(), claim.clone());
-        let claim_outer = claim.clone();
-        tokio::task::spawn_blocking(move || -> Result<Option<PathBuf>, ProvisionError> {
-            std::fs::create_dir_all(&dir).map_err(|source| ProvisionError::Io {
-                claim: claim.clone(),
-                what: "create",
-                path: dir.clone(),
-                source,
-            })?;
-            create_image(&image, size).map_err(|source| ProvisionError::Io {
-                claim: claim.clone(),
-                what: "create",
-                path: image.clone(),
-                source,
-            })?;
-            if mode == VolumeMode::Block {
-                let dev = match loopdev::find(&image) {
-                    Some(d) => d,
-                    None => loopdev::attach(&image, false).map_err(|source| ProvisionError::Loop { claim: claim.clone(), source })?,
-                };
-                return Ok(Some(dev));
+    /// The backing, idempotently (also re-attaches a Block claim's loop device after a reboot).
+    async fn backing(&self, size: u64) -> Result<Backing, ProvisionError> {
+        let mode = VolumeMode::of(self.pvc);
+        let dir = claim_dir(&self.ctx.root, &self.uid);
+        let image = dir.join(mode.image_name());
+        let (d, i, claim) = (dir.clone(), image.clone(), self.object.clone());
+        let device = tokio::task::spawn_blocking(move || create_backing(&d, &i, size, mode, &claim))
+            .await
+            .map_err(|e| ProvisionError::Api { claim: self.object.clone(), source: Box::new(e) })??;
+        Ok(Backing { mode, dir, image, device })
+    }
+
+    /// Records the backing on the claim (volume name, annotations), then binds it.
+    async fn bind(&self, b: &Backing, size: u64) -> Result<(), ProvisionError> {
+        let volume_name = format!("pvc-{}", self.uid);
+        let dir_s = b.dir.to_string_lossy().into_owned();
+        let dev_s = b.device.as_ref().map(|d| d.to_string_lossy().into_owned());
+        // `self.pvc` is the store's copy: nothing is read or sent when it is already so.
+        client::update_from(&self.api, self.pvc, |p: &mut PersistentVolumeClaim| {
+            if let Some(spec) = p.spec.as_mut() {
+                spec.volume_name = Some(volume_name.clone());
             }
-            Ok(None)
+            let ann = p.metadata.annotations.get_or_insert_with(Default::default);
+            ann.insert(ANN_PATH.to_owned(), dir_s.clone());
+            ann.insert("pv.kubernetes.io/bind-completed".to_owned(), "yes".to_owned());
+            match &dev_s {
+                Some(d) => ann.insert(ANN_DEVICE.to_owned(), d.clone()),
+                None => ann.remove(ANN_DEVICE),
+            };
         })
         .await
-        .map_err(|e| ProvisionError::Api { claim: claim_outer, source: Box::new(e) })??
-    };
-
-    let volume_name = format!("pvc-{uid}");
-    let dir_s = dir.to_string_lossy().into_owned();
-    let dev_s = device.as_ref().map(|d| d.to_string_lossy().into_owned());
-    client::update(&api, &name, |p: &mut PersistentVolumeClaim| {
-        if let Some(spec) = p.spec.as_mut() {
-            spec.volume_name = Some(volume_name.clone());
-        }
-        let ann = p.metadata.annotations.get_or_insert_with(Default::default);
-        ann.insert(ANN_PATH.to_owned(), dir_s.clone());
-        ann.insert("pv.kubernetes.io/bind-completed".to_owned(), "yes".to_owned());
-        match &dev_s {
-            Some(d) => ann.insert(ANN_DEVICE.to_owned(), d.clone()),
-            None => ann.remove(ANN_DEVICE),
-        };
-    })
-    .await
-    .map_err(api_err(&claim))?;
-    let was_bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-    let capacity =
-        pvc.spec.as_ref().and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage")).cloned();
-    let modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone()).unwrap_or_else(|| vec!["ReadWriteOnce".to_owned()]);
-    client::update_status(&api, &name, |p: &mut PersistentVolumeClaim| {
-        let st = p.status.get_or_insert_with(Default::default);
-        st.phase = Some("Bound".to_owned());
-        st.access_modes = Some(modes.clone());
-        st.capacity = Some([("storage".to_owned(), capacity.clone().unwrap_or_else(|| Quantity(size.to_string())))].into_iter().collect());
-    })
-    .await
-    .map_err(api_err(&claim))?;
-    if !was_bound {
-        let what = match &device {
-            Some(d) => format!("{mode:?} volume: {} over {}", d.display(), image.display()),
-            None => format!("{mode:?} volume: {}", image.display()),
-        };
-        events::publish(&ctx.client, COMPONENT, pvc.as_ref(), EventType::Normal, "ProvisioningSucceeded", &format!("provisioned {what}"))
+        .map_err(api_err(&self.object))?;
+        let was_bound = ClaimPhase::is_bound(self.pvc);
+        let spec = self.pvc.spec.as_ref();
+        let capacity = spec.and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage")).cloned();
+        let modes = spec.and_then(|s| s.access_modes.clone()).unwrap_or_else(|| vec!["ReadWriteOnce".to_owned()]);
+        client::update_status_from(&self.api, self.pvc, |p: &mut PersistentVolumeClaim| {
+            let st = p.status.get_or_insert_with(Default::default);
+            st.phase = Some(ClaimPhase::Bound.as_str().to_owned());
+            st.access_modes = Some(modes.clone());
+            st.capacity =
+                Some([("storage".to_owned(), capacity.clone().unwrap_or_else(|| Quantity(size.to_string())))].into_iter().collect());
+        })
+        .await
+        .map_err(api_err(&self.object))?;
+        if !was_bound {
+            let what = match &b.device {
+                Some(d) => format!("{:?} volume: {} over {}", b.mode, d.display(), b.image.display()),
+                None => format!("{:?} volume: {}", b.mode, b.image.display()),
+            };
+            events::publish(
+                &self.ctx.client,
+                COMPONENT,
+                self.pvc,
+                EventType::Normal,
+                "ProvisioningSucceeded",
+                &format!("provisioned {what}"),
+            )
             .await;
-        tracing::info!("bound claim {claim} ({what})");
+            tracing::info!("bound the claim ({what})");
+        }
+        Ok(())
     }
-    Ok(Action::await_change())
+}
+
+/// Where a claim's bytes are.
+struct Backing {
+    mode: VolumeMode,
+    dir: PathBuf,
+    image: PathBuf,
+    /// The loop device of a Block claim.
+    device: Option<PathBuf>,
+}
+
+/// Creates the claim's directory and image (and attaches a Block claim's loop device unless it
+/// is attached already). Blocking: run it off the reactor.
+fn create_backing(dir: &Path, image: &Path, size: u64, mode: VolumeMode, claim: &str) -> Result<Option<PathBuf>, ProvisionError> {
+    let io = |what, path: &Path| {
+        let path = path.to_owned();
+        move |source| ProvisionError::Io { claim: claim.to_owned(), what, path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+    create_image(image, size).map_err(io("create", image))?;
+    if mode == VolumeMode::Block {
+        let dev = match loopdev::find(image) {
+            Some(d) => d,
+            None => loopdev::attach(image, false).map_err(|source| ProvisionError::Loop { claim: claim.to_owned(), source })?,
+        };
+        return Ok(Some(dev));
+    }
+    Ok(None)
 }
 
 // kube-runtime's error policy signature takes the object by value.
 #[allow(clippy::needless_pass_by_value)]
 fn error_policy(pvc: Arc<PersistentVolumeClaim>, err: &ProvisionError, ctx: Arc<Ctx>) -> Action {
-    tracing::warn!("{}", client::error_chain(err));
+    let object = format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any());
+    tracing::warn!(claim = %object, "{}", client::error_chain(err));
     let client = ctx.client.clone();
     let msg = client::error_chain(err);
     tokio::spawn(async move { events::publish(&client, COMPONENT, pvc.as_ref(), EventType::Warning, "ProvisioningFailed", &msg).await });

@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use api::phases::DataVolumePhase;
 use api::DataVolume;
 
 use super::net_policy::{check_url, find_refusal, Refusal};
@@ -118,7 +119,7 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
         }
     }
     set_status(dvs, name, |s| {
-        s.phase = Some("ImportInProgress".into());
+        s.phase = Some(DataVolumePhase::ImportInProgress);
         s.progress = Some("0.00%".into());
         set_condition(&mut s.conditions, condition("Running", true, "Pod is running", "importing"));
     })
@@ -131,13 +132,13 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
     let (target, written) = transfer(ctx, dvs, name, &body, resp, target).await?;
     blocking(move || target.commit()).await?;
     set_status(dvs, name, |s| {
-        s.phase = Some("Succeeded".into());
+        s.phase = Some(DataVolumePhase::Succeeded);
         s.progress = Some("100.0%".into());
         set_condition(&mut s.conditions, condition("Running", false, "Completed", "import done"));
         set_condition(&mut s.conditions, condition("Ready", true, "Completed", &format!("imported {written} bytes")));
     })
     .await?;
-    tracing::info!("imported {written} bytes from {url} into claim {name}");
+    tracing::info!("imported {written} bytes from {url} into its claim");
     Ok(())
 }
 
@@ -151,7 +152,8 @@ struct Body<'a> {
 
 /// Whether `moved` bytes in `window` is below `min_rate` bytes per second.
 fn too_slow(moved: u64, min_rate: u64, window: Duration) -> bool {
-    u128::from(moved) * 1_000_000 < u128::from(min_rate) * window.as_micros()
+    // u128 holds `moved` × 10⁶; the product of two flags may not fit: it saturates.
+    u128::from(moved) * 1_000_000 < u128::from(min_rate).saturating_mul(window.as_micros())
 }
 
 /// Streams the body into `target`, reporting progress; returns the target and the byte count.
@@ -166,7 +168,12 @@ async fn transfer(
     let (host, cfg) = (body.host, &ctx.config);
     let window = cfg.min_rate_window;
     let check_rate = cfg.min_rate > 0 && !window.is_zero();
-    let mut tick = tokio::time::interval_at(Instant::now() + window, window.max(Duration::from_millis(1)));
+    // A window of any length (a flag): one too long to add to now never ticks.
+    let now = Instant::now();
+    let mut tick = tokio::time::interval_at(
+        now.checked_add(window).unwrap_or(now + Duration::from_secs(86400 * 365 * 30)),
+        window.max(Duration::from_millis(1)),
+    );
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let (mut written, mut window_start) = (0u64, 0u64);
     let mut last_report = Instant::now();
@@ -242,5 +249,12 @@ mod tests {
         assert!(!too_slow(16 * 1024 * 60, 16 * 1024, w));
         assert!(too_slow(0, 1, Duration::from_millis(1)));
         assert!(!too_slow(u64::MAX, u64::MAX, Duration::from_secs(1)));
+    }
+
+    /// The product of two flags (`--import-min-rate`, `--import-min-rate-window`) overflowed
+    /// u128 and panicked in a debug build.
+    #[test]
+    fn the_rate_check_does_not_overflow_on_any_flags() {
+        assert!(too_slow(u64::MAX, u64::MAX, Duration::MAX));
     }
 }

@@ -44,10 +44,13 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Resource, ResourceExt};
+use tracing::Instrument;
 
 use api::cdi::DataVolumeStatus;
 use api::kubevirt::Condition;
+use api::phases::{ClaimPhase, DataVolumePhase};
 use api::DataVolume;
+use client::backoff::{Backoff, Jitter};
 use client::events::{self, EventType};
 
 pub use net_policy::AllowEntry;
@@ -200,14 +203,16 @@ fn claim_for(dv: &DataVolume) -> Result<PersistentVolumeClaim, String> {
     })
 }
 
+/// The delay before the retry that follows `restarts` earlier ones: capped exponential, ±25 %.
 fn backoff(config: &ImportConfig, restarts: i32) -> Duration {
-    let exp = config.backoff_base.saturating_mul(1u32 << restarts.clamp(0, 16));
-    let d = exp.min(config.backoff_cap);
-    d.mul_f64(rand::random_range(0.75..1.25))
+    let retry = u32::try_from(restarts).unwrap_or(0).saturating_add(1);
+    Backoff { base: config.backoff_base, cap: config.backoff_cap, jitter: Jitter::Proportional(0.25) }.delay(retry)
 }
 
 async fn reconcile(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, ImportError> {
-    let r = reconcile_once(dv, ctx).await;
+    // Every log line of the import, its background attempt's included, names the DataVolume.
+    let span = tracing::info_span!("datavolume", datavolume = %format!("{}/{}", dv.namespace().unwrap_or_default(), dv.name_any()));
+    let r = reconcile_once(dv, ctx).instrument(span).await;
     crate::metrics::count("datavolume", r.is_ok());
     r
 }
@@ -222,8 +227,7 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
     let dvs: Api<DataVolume> = Api::namespaced(ctx.client.clone(), &ns);
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let status = dv.status.clone().unwrap_or_default();
-    let phase = status.phase.clone().unwrap_or_default();
-    if matches!(phase.as_str(), "Succeeded" | "Failed") {
+    if matches!(status.phase, Some(DataVolumePhase::Succeeded | DataVolumePhase::Failed)) {
         return Ok(Action::await_change());
     }
     let source = dv.spec.source.clone().unwrap_or_default();
@@ -245,7 +249,7 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
                     .await
                     .map_err(|e| ImportError::Transient(format!("cannot create claim {ns}/{name}: {e}")))?;
                 set_status(&dvs, &name, |s| {
-                    s.phase = Some("Pending".into());
+                    s.phase = Some(DataVolumePhase::Pending);
                     s.progress = Some("N/A".into());
                     s.claim_name = Some(name.clone());
                     set_condition(&mut s.conditions, condition("Bound", false, "Pending", &format!("claim {name} is waiting to be bound")));
@@ -266,14 +270,14 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
         .await?;
         return Ok(Action::await_change());
     }
-    if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+    if !ClaimPhase::is_bound(&pvc) {
         return Ok(Action::await_change()); // the claim's binding wakes us
     }
     let bound_cond = condition("Bound", true, "Bound", &format!("claim {name} bound"));
 
     if source.blank.is_some() {
         set_status(&dvs, &name, |s| {
-            s.phase = Some("Succeeded".into());
+            s.phase = Some(DataVolumePhase::Succeeded);
             s.progress = Some("100.0%".into());
             s.claim_name = Some(name.clone());
             set_condition(&mut s.conditions, bound_cond.clone());
@@ -295,14 +299,14 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
         gates.insert(uid.clone(), Instant::now() + Duration::from_secs(365 * 86400));
     }
     set_status(&dvs, &name, |s| {
-        s.phase = Some("ImportScheduled".into());
+        s.phase = Some(DataVolumePhase::ImportScheduled);
         s.claim_name = Some(name.clone());
         set_condition(&mut s.conditions, bound_cond.clone());
     })
     .await?;
     let url = source.http.map(|h| h.url).unwrap_or_default();
     let restarts = status.restart_count.unwrap_or(0);
-    tokio::spawn(run_attempt(ctx, dvs, dv, pvc, url, restarts));
+    tokio::spawn(run_attempt(ctx, dvs, dv, pvc, url, restarts).in_current_span());
     Ok(Action::await_change())
 }
 
@@ -344,13 +348,13 @@ async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, p
     match (&result, retry) {
         (Ok(()), _) => {}
         (Err(ImportError::Cancelled), _) => {
-            tracing::info!("DataVolume {}/{name} was deleted: its import stopped", dv.namespace().unwrap_or_default());
+            tracing::info!("the DataVolume was deleted: its import stopped");
         }
         (_, Some((msg, delay))) => {
             let msg_delay = format!("{msg}; retrying in {delay:.1?}");
             events::publish(&ctx.client, COMPONENT, dv.as_ref(), EventType::Warning, "ImportRetry", &msg_delay).await;
             let _ = set_status(&dvs, &name, |s| {
-                s.phase = Some("ImportScheduled".into());
+                s.phase = Some(DataVolumePhase::ImportScheduled);
                 s.restart_count = Some(restarts + 1);
                 set_condition(&mut s.conditions, condition("Running", false, "Error", &msg));
             })
@@ -369,9 +373,9 @@ async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, p
 
 async fn fail(ctx: &Ctx, dvs: &Api<DataVolume>, dv: &DataVolume, msg: &str) -> Result<(), ImportError> {
     events::publish(&ctx.client, COMPONENT, dv, EventType::Warning, "ImportFailed", msg).await;
-    tracing::warn!("DataVolume {}/{}: {msg}", dv.namespace().unwrap_or_default(), dv.name_any());
+    tracing::warn!("{msg}");
     set_status(dvs, &dv.name_any(), |s| {
-        s.phase = Some("Failed".into());
+        s.phase = Some(DataVolumePhase::Failed);
         set_condition(&mut s.conditions, condition("Running", false, "Error", msg));
         set_condition(&mut s.conditions, condition("Ready", false, "Error", msg));
     })
@@ -381,7 +385,7 @@ async fn fail(ctx: &Ctx, dvs: &Api<DataVolume>, dv: &DataVolume, msg: &str) -> R
 // kube-runtime's error policy signature takes the object by value.
 #[allow(clippy::needless_pass_by_value)]
 fn error_policy(dv: Arc<DataVolume>, err: &ImportError, _: Arc<Ctx>) -> Action {
-    tracing::warn!("DataVolume {}/{}: {err}", dv.namespace().unwrap_or_default(), dv.name_any());
+    tracing::warn!(datavolume = %format!("{}/{}", dv.namespace().unwrap_or_default(), dv.name_any()), "{err}");
     Action::requeue(Duration::from_secs(2))
 }
 

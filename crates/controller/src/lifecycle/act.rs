@@ -1,0 +1,176 @@
+//! Carrying out a lifecycle [`Step`]: create or delete the VMI, drop a request, halt; the
+//! VM's DataVolumes from its templates.
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::{Resource, ResourceExt};
+use serde_json::Value;
+
+use api::kubevirt::{RunStrategy, StateChangeRequest};
+use api::phases::StateChangeAction;
+use api::{DataVolume, VirtualMachine, VirtualMachineInstance};
+
+use super::{api_err, deleting, schedule::schedule, LifecycleError, Step, VMI_FINALIZER, VM_LABEL};
+use crate::cache::Lookup;
+
+/// Creates the DataVolumes of `spec.dataVolumeTemplates` that do not exist (not in `lookup`),
+/// owned by the VM.
+///
+/// # Errors
+/// When a template cannot be read or a create fails for another reason than "exists".
+pub async fn create_data_volumes(client: &kube::Client, lookup: &impl Lookup, vm: &VirtualMachine) -> Result<(), kube::Error> {
+    let Some(templates) = vm.spec.extra.get("dataVolumeTemplates").and_then(Value::as_array) else { return Ok(()) };
+    let ns = vm.namespace().unwrap_or_default();
+    let dvs: Api<DataVolume> = Api::namespaced(client.clone(), &ns);
+    for t in templates {
+        let Some(name) = t.pointer("/metadata/name").and_then(Value::as_str) else { continue };
+        if lookup.dv(&ns, name).is_some() {
+            continue;
+        }
+        let mut dv = serde_json::json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": t.get("metadata").cloned().unwrap_or_default(), "spec": t.get("spec").cloned().unwrap_or_default()});
+        dv["metadata"]["namespace"] = Value::String(ns.clone());
+        dv["metadata"]["ownerReferences"] = serde_json::to_value([owner(vm)]).map_err(kube::Error::SerdeError)?;
+        let dv: DataVolume = serde_json::from_value(dv).map_err(kube::Error::SerdeError)?;
+        match dvs.create(&PostParams::default(), &dv).await {
+            Ok(_) => tracing::info!(datavolume = %format!("{ns}/{name}"), "created a DataVolume from the VM's dataVolumeTemplates"),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn owner(vm: &VirtualMachine) -> OwnerReference {
+    OwnerReference {
+        api_version: VirtualMachine::api_version(&()).into_owned(),
+        kind: VirtualMachine::kind(&()).into_owned(),
+        name: vm.name_any(),
+        uid: vm.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// The VMI that `vm` starts.
+#[must_use]
+pub fn new_vmi(vm: &VirtualMachine) -> VirtualMachineInstance {
+    let tmeta = vm.spec.template.metadata.clone().unwrap_or_default();
+    let mut labels = tmeta.labels.unwrap_or_default();
+    labels.insert(VM_LABEL.to_owned(), vm.name_any());
+    VirtualMachineInstance {
+        metadata: ObjectMeta {
+            name: Some(vm.name_any()),
+            namespace: vm.namespace(),
+            labels: Some(labels),
+            annotations: tmeta.annotations,
+            owner_references: Some(vec![owner(vm)]),
+            finalizers: Some(vec![VMI_FINALIZER.to_owned()]),
+            ..ObjectMeta::default()
+        },
+        spec: vm.spec.template.spec.clone().unwrap_or_default(),
+        status: None,
+    }
+}
+
+/// Carries out `step` and schedules an unscheduled VMI.
+///
+/// # Errors
+/// When a write fails.
+pub async fn apply(
+    client: &kube::Client,
+    vm: &VirtualMachine,
+    vmi: Option<&VirtualMachineInstance>,
+    step: &Step,
+) -> Result<(), LifecycleError> {
+    let ns = vm.namespace().unwrap_or_default();
+    let name = vm.name_any();
+    let object = format!("{ns}/{name}");
+    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), &ns);
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &ns);
+    let first = vm.status.as_ref().and_then(|s| s.state_change_requests.first()).cloned();
+    let drop_first = |first: Option<StateChangeRequest>| {
+        let vms = vms.clone();
+        let object = object.clone();
+        let name = name.clone();
+        async move {
+            let Some(first) = first else { return Ok(()) };
+            client::update_status(&vms, &name, |v: &mut VirtualMachine| {
+                if let Some(s) = v.status.as_mut() {
+                    if s.state_change_requests.first() == Some(&first) {
+                        s.state_change_requests.remove(0);
+                    }
+                }
+            })
+            .await
+            .map(|_| ())
+            .map_err(api_err(&object, "drop a state change request"))
+        }
+    };
+    match step {
+        Step::Nothing => {}
+        Step::Create => {
+            match vmis.create(&PostParams::default(), &new_vmi(vm)).await {
+                Ok(_) => tracing::info!("created its VMI"),
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(api_err(&object, "create its VMI")(e)),
+            }
+            if first.as_ref().is_some_and(|r| r.action == StateChangeAction::Start) {
+                drop_first(first).await?;
+            }
+        }
+        Step::Delete(uid) => {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions { uid: Some(uid.clone()), resource_version: None }),
+                ..DeleteParams::default()
+            };
+            match vmis.delete(&name, &dp).await {
+                Ok(_) => tracing::info!(vmi.uid = %uid, "deleting its VMI"),
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) => return Err(api_err(&object, "delete its VMI")(e)),
+            }
+        }
+        Step::DropRequest => drop_first(first).await?,
+        Step::Halt => {
+            client::update(&vms, &name, |v: &mut VirtualMachine| {
+                if v.spec.running.is_some() {
+                    v.spec.running = Some(false);
+                } else {
+                    v.spec.run_strategy = Some(RunStrategy::Halted.as_str().to_owned());
+                }
+            })
+            .await
+            .map_err(api_err(&object, "set runStrategy Halted after its one run"))?;
+        }
+    }
+    if let Some(v) = vmi {
+        release_orphan_finalizer(client, v).await.map_err(api_err(&object, "release its VMI's finalizer"))?;
+        schedule(client, v).await?;
+    }
+    Ok(())
+}
+
+/// Removes [`VMI_FINALIZER`] from a deleting VMI that no node agent will ever finish: never
+/// scheduled, or scheduled onto a node that is no longer registered.
+async fn release_orphan_finalizer(
+    client: &kube::Client,
+    vmi: &VirtualMachineInstance,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if !deleting(vmi) || !vmi.finalizers().iter().any(|f| f == VMI_FINALIZER) {
+        return Ok(());
+    }
+    if let Some(node) = vmi.status.as_ref().and_then(|s| s.node_name.as_deref()) {
+        let nodes: Api<Node> = Api::all(client.clone());
+        if nodes.get_opt(node).await?.is_some() {
+            return Ok(()); // its node agent stops QEMU and removes the finalizer
+        }
+    }
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &vmi.namespace().unwrap_or_default());
+    client::update(&vmis, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
+        if let Some(f) = v.metadata.finalizers.as_mut() {
+            f.retain(|x| x != VMI_FINALIZER);
+        }
+    })
+    .await?;
+    Ok(())
+}
