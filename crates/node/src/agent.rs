@@ -20,7 +20,6 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
@@ -29,102 +28,11 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use serde_json::json;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use api::{DataVolume, VirtualMachineInstance};
 
-use crate::backoff::Backoff;
-
-/// The node agent's settings.
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub node_name: String,
-    /// Run dirs of the VMs (`STATE/vmis/<uid>/`: QMP socket, serial log, pidfile, record).
-    pub state_dir: PathBuf,
-    /// Where the local provisioner keeps claims (`ROOT/<claim uid>/`).
-    pub storage_root: PathBuf,
-    pub accel: qemu::accel::Accel,
-    pub backoff: Backoff,
-    /// Grace for a guest to power off when its VMI is deleted, unless the VMI sets
-    /// `terminationGracePeriodSeconds` (default 30 s); QEMU is then stopped by force.
-    pub stop_grace: Duration,
-    /// Nice value of the QEMU processes (default 5): the VMs yield the CPU to the control plane
-    /// (API server, controller, this agent) when the host is oversubscribed — the role
-    /// `kube-reserved` plays for the kubelet. 0 runs them at the agent's own priority.
-    pub vm_nice: i32,
-    /// How volumes reach QEMU: by fd (default) or by bind mounts (KubeVirt's way).
-    pub mode: crate::bindmount::AttachMode,
-    /// Bind-mount mode: the binary with the mount helper (default: this executable).
-    pub mount_helper: PathBuf,
-    /// Bind-mount mode: the directory under which each VM gets its devices cgroup (cgroup v1's
-    /// devices controller, or cgroup v2; see [`crate::bindmount::default_cgroup_root`]).
-    pub devices_cgroup: PathBuf,
-    /// Cluster mode: the kubelet's pods dir, where an attachment pod's `hp.sock` is found.
-    pub kubelet_pods_dir: PathBuf,
-    /// The directories `kernelBoot`'s `kernelPath`/`initrdPath` may name (default: the data dir
-    /// and the test-guest cache): QEMU runs as root and must never be handed any host file.
-    pub boot_files: qemu::bootfiles::AllowedDirs,
-    /// Run QEMU under its seccomp sandbox ([`qemu::cmdline::SANDBOX`]; default on).
-    pub qemu_sandbox: bool,
-    /// Drop QEMU to this user after start-up (fd mode only; default: it stays root).
-    pub qemu_user: Option<String>,
-    /// The largest a guest's serial log may grow before it is rotated
-    /// ([`crate::consolelog`]; default 8 MiB).
-    pub serial_log_max: u64,
-    /// The most one VMI may take: emptyDisk size and guest memory ([`crate::caps`]; default 50 %
-    /// of the free space under `state_dir` and 75 % of the RAM).
-    pub caps: crate::caps::Caps,
-}
-
-impl Config {
-    /// Defaults for `node_name` with everything under `data_dir`.
-    #[must_use]
-    pub fn new(node_name: &str, data_dir: &std::path::Path) -> Config {
-        Config {
-            node_name: node_name.to_owned(),
-            state_dir: data_dir.join("node"),
-            storage_root: data_dir.join("storage"),
-            accel: qemu::accel::Accel::Auto,
-            backoff: Backoff::default(),
-            stop_grace: Duration::from_secs(30),
-            vm_nice: 5,
-            mode: crate::bindmount::AttachMode::Fd,
-            boot_files: qemu::bootfiles::AllowedDirs::defaults(data_dir),
-            qemu_sandbox: true,
-            qemu_user: None,
-            serial_log_max: crate::consolelog::DEFAULT_MAX,
-            caps: crate::caps::Caps::default(),
-            mount_helper: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("virtplug")),
-            devices_cgroup: crate::bindmount::default_cgroup_root().unwrap_or_else(|| PathBuf::from(crate::bindmount::DEVICES_CGROUP)),
-            kubelet_pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
-        }
-    }
-}
-
-/// What every worker shares.
-pub struct Shared {
-    pub client: kube::Client,
-    pub config: Config,
-    pub accel: qemu::accel::Resolved,
-    /// Bumped on any claim, DataVolume or mount-table change. A watch channel, not a `Notify`:
-    /// a worker busy with a pass when it is bumped still sees it at its next wait (a
-    /// `notify_waiters` would be lost then).
-    pub storage_changed: watch::Sender<u64>,
-    /// Privileged effects of bind-mount mode.
-    pub host: Arc<dyn crate::bindmount::Privileged>,
-}
-
-impl Shared {
-    /// The bind-mount view of a running VM, in bind-mount mode.
-    #[must_use]
-    pub fn bind_vm(&self, uid: &str, pid: i32, run_dir: &std::path::Path) -> Option<crate::bindmount::Vm> {
-        (self.config.mode == crate::bindmount::AttachMode::BindMount).then(|| crate::bindmount::Vm {
-            host: Arc::clone(&self.host),
-            pid,
-            run_dir: run_dir.to_owned(),
-            cgroup: self.config.devices_cgroup.join(uid),
-        })
-    }
-}
+pub use crate::config::{Config, Shared};
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +77,7 @@ pub async fn register(client: &kube::Client, name: &str, accel: &str) -> Result<
     Ok(())
 }
 
+/// A VMI's worker: the channel that hands it every new version of its VMI, and its task.
 struct Worker {
     tx: watch::Sender<Option<Arc<VirtualMachineInstance>>>,
     task: tokio::task::JoinHandle<()>,
@@ -197,97 +106,139 @@ impl Drop for Task {
 /// # Errors
 /// When the node cannot be registered or the state dir created.
 pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError> {
-    let vmis_dir = config.state_dir.join("vmis");
-    std::fs::create_dir_all(&vmis_dir).map_err(|source| AgentError::StateDir { path: vmis_dir.clone(), source })?;
-    let choice = qemu::accel::resolve(config.accel);
+    let shared = start(client, config).await?;
+    let _storage = Task(watch_storage(Arc::clone(&shared)));
+    let _mounts = Task(watch_mounts(Arc::clone(&shared)));
+    let vmis_dir = shared.config.state_dir.join("vmis");
+    let _logs = Task(tokio::spawn(crate::consolelog::keep_bounded(vmis_dir, shared.config.serial_log_max)));
+    Workers { shared, running: HashMap::new(), listed: HashSet::new() }.follow().await;
+    Ok(())
+}
+
+/// The agent's start: its state dir, the accelerator, bind-mount mode's shared storage root
+/// (off the async threads: files and a mount), then the Node object.
+async fn start(client: kube::Client, config: Config) -> Result<Arc<Shared>, AgentError> {
+    let host = Arc::new(crate::bindmount::Host { helper: config.mount_helper.clone() });
+    let prepared = {
+        let (config, host) = (config.clone(), Arc::clone(&host));
+        tokio::task::spawn_blocking(move || prepare(&config, host.as_ref())).await
+    };
+    let choice = match prepared {
+        Ok(r) => r?,
+        Err(e) => {
+            let path = config.state_dir.join("vmis");
+            return Err(AgentError::StateDir { path, source: std::io::Error::other(e) });
+        }
+    };
     tracing::info!("node {}: QEMU accelerator {:?} ({})", config.node_name, choice.accel, choice.reason);
     register(&client, &config.node_name, &choice.reason)
         .await
         .map_err(|source| AgentError::Register { node: config.node_name.clone(), source })?;
-    let host = Arc::new(crate::bindmount::Host { helper: config.mount_helper.clone() });
+    Ok(Arc::new(Shared { client, config, accel: choice.accel, storage_changed: watch::Sender::new(0), host }))
+}
+
+/// The blocking part of [`start`].
+fn prepare(config: &Config, host: &dyn crate::bindmount::Privileged) -> Result<qemu::accel::Choice, AgentError> {
+    let vmis_dir = config.state_dir.join("vmis");
+    std::fs::create_dir_all(&vmis_dir).map_err(|source| AgentError::StateDir { path: vmis_dir.clone(), source })?;
     if config.mode == crate::bindmount::AttachMode::BindMount {
-        match crate::bindmount::share_storage_root(host.as_ref(), &config.storage_root) {
+        match crate::bindmount::share_storage_root(host, &config.storage_root) {
             Ok(true) => tracing::info!("bind-mount mode: the storage root {} is a shared mount", config.storage_root.display()),
             Ok(false) => {}
             Err(e) => tracing::warn!("bind-mount mode: {e}; VMs' namespaces may keep the storage filesystem alive after it is unmounted"),
         }
     }
-    let shared = Arc::new(Shared {
-        client: client.clone(),
-        config: config.clone(),
-        accel: choice.accel,
-        storage_changed: watch::Sender::new(0),
-        host,
-    });
+    Ok(qemu::accel::resolve(config.accel))
+}
 
-    // Storage changes wake every worker.
-    let _storage = {
-        let shared = Arc::clone(&shared);
-        Task(tokio::spawn(async move {
-            let pvcs = watcher(Api::<PersistentVolumeClaim>::all(shared.client.clone()), watcher::Config::default())
-                .default_backoff()
-                .map(|_| ())
-                .boxed();
-            let dvs =
-                watcher(Api::<DataVolume>::all(shared.client.clone()), watcher::Config::default()).default_backoff().map(|_| ()).boxed();
-            let mut both = futures::stream::select(pvcs, dvs);
-            while both.next().await.is_some() {
-                shared.storage_changed.send_modify(|n| *n = n.wrapping_add(1));
-            }
-        }))
-    };
+/// Wakes every worker on any change of a claim or DataVolume.
+fn watch_storage(shared: Arc<Shared>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let pvcs = watcher(Api::<PersistentVolumeClaim>::all(shared.client.clone()), watcher::Config::default())
+            .default_backoff()
+            .map(|_| ())
+            .boxed();
+        let dvs = watcher(Api::<DataVolume>::all(shared.client.clone()), watcher::Config::default()).default_backoff().map(|_| ()).boxed();
+        let mut both = futures::stream::select(pvcs, dvs);
+        while both.next().await.is_some() {
+            shared.storage_changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    })
+}
 
-    let _mounts = Task(watch_mounts(Arc::clone(&shared)));
-    let _logs = Task(tokio::spawn(crate::consolelog::keep_bounded(vmis_dir.clone(), config.serial_log_max)));
+/// The workers of this node's VMIs, fed from the VMI watch.
+struct Workers {
+    shared: Arc<Shared>,
+    running: HashMap<String, Worker>,
+    /// The UIDs seen since the watch's last (re)list.
+    listed: HashSet<String>,
+}
 
-    let mut workers: HashMap<String, Worker> = HashMap::new();
-    let mut listed: HashSet<String> = HashSet::new();
-    let selector = format!("kubevirt.io/nodeName={}", config.node_name);
-    let api: Api<VirtualMachineInstance> = Api::all(client.clone());
-    let mut events = watcher(api, watcher::Config::default().labels(&selector)).default_backoff().boxed();
-    while let Some(ev) = events.next().await {
-        let ev = match ev {
-            Ok(ev) => ev,
-            Err(e) => {
-                tracing::warn!("node {}: VMI watch error (retrying): {e}", config.node_name);
-                continue;
-            }
-        };
-        workers.retain(|_, w| !w.task.is_finished());
-        match ev {
-            watcher::Event::Init => listed.clear(),
-            watcher::Event::InitApply(vmi) | watcher::Event::Apply(vmi) => {
-                let Some(uid) = vmi.uid() else { continue };
-                listed.insert(uid.clone());
-                let vmi = Arc::new(vmi);
-                match workers.get(&uid) {
-                    Some(w) => {
-                        let _ = w.tx.send(Some(vmi));
-                    }
-                    None => {
-                        let (tx, rx) = watch::channel(Some(vmi));
-                        let task = tokio::spawn(crate::worker::run(Arc::clone(&shared), uid.clone(), rx));
-                        workers.insert(uid, Worker { tx, task });
-                    }
-                }
-            }
-            watcher::Event::Delete(vmi) => {
-                if let Some(w) = vmi.uid().and_then(|u| workers.get(&u)) {
-                    let _ = w.tx.send(None);
-                }
-            }
-            watcher::Event::InitDone => {
-                // Run dirs of VMIs that are gone: their QEMU is stopped, the dir removed.
-                for (dir, record) in crate::checkpoint::records(&vmis_dir) {
-                    if !listed.contains(&record.uid) && !workers.contains_key(&record.uid) {
-                        tracing::info!("VMI {}/{} ({}) is gone: stopping its QEMU", record.namespace, record.name, record.uid);
-                        crate::worker::stop_orphan(&dir).await;
-                    }
-                }
+impl Workers {
+    /// Follows the VMIs of this node until the watch ends.
+    async fn follow(mut self) {
+        let selector = format!("kubevirt.io/nodeName={}", self.shared.config.node_name);
+        let api: Api<VirtualMachineInstance> = Api::all(self.shared.client.clone());
+        let mut events = watcher(api, watcher::Config::default().labels(&selector)).default_backoff().boxed();
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(ev) => self.on(ev).await,
+                Err(e) => tracing::warn!("node {}: VMI watch error (retrying): {e}", self.shared.config.node_name),
             }
         }
     }
-    Ok(())
+
+    async fn on(&mut self, ev: watcher::Event<VirtualMachineInstance>) {
+        self.running.retain(|_, w| !w.task.is_finished());
+        match ev {
+            watcher::Event::Init => self.listed.clear(),
+            watcher::Event::InitApply(vmi) | watcher::Event::Apply(vmi) => self.apply(vmi),
+            watcher::Event::Delete(vmi) => {
+                if let Some(w) = vmi.uid().and_then(|u| self.running.get(&u)) {
+                    let _ = w.tx.send(None);
+                }
+            }
+            watcher::Event::InitDone => self.stop_unlisted().await,
+        }
+    }
+
+    /// Hands a new version of a VMI to its worker, starting the worker for a new VMI.
+    fn apply(&mut self, vmi: VirtualMachineInstance) {
+        let Some(uid) = vmi.uid() else { return };
+        self.listed.insert(uid.clone());
+        let vmi = Arc::new(vmi);
+        if let Some(w) = self.running.get(&uid) {
+            let _ = w.tx.send(Some(vmi));
+            return;
+        }
+        let vmi_ns_name = (vmi.namespace().unwrap_or_default(), vmi.name_any());
+        let span = crate::spans::vmi(&vmi_ns_name.0, &vmi_ns_name.1);
+        let (tx, rx) = watch::channel(Some(vmi));
+        let (shared, id) = (Arc::clone(&self.shared), uid.clone());
+        let object = format!("{}/{}", vmi_ns_name.0, vmi_ns_name.1);
+        // A worker that panics is logged and started again ([`crate::supervise`]).
+        let work = crate::supervise::run(object, move || crate::worker::run(Arc::clone(&shared), id.clone(), rx.clone()));
+        let task = tokio::spawn(work.instrument(span));
+        self.running.insert(uid, Worker { tx, task });
+    }
+
+    /// Run dirs of VMIs that are gone (deleted while no agent ran): their QEMU is stopped, the
+    /// dir removed.
+    async fn stop_unlisted(&self) {
+        let vmis_dir = self.shared.config.state_dir.join("vmis");
+        let records = tokio::task::spawn_blocking(move || crate::checkpoint::records(&vmis_dir)).await.unwrap_or_default();
+        for (dir, record) in records {
+            if !self.listed.contains(&record.uid) && !self.running.contains_key(&record.uid) {
+                let span = crate::spans::vmi(&record.namespace, &record.name);
+                async {
+                    tracing::info!(uid = %record.uid, "the VMI is gone: stopping its QEMU");
+                    crate::worker::stop_orphan(&dir).await;
+                }
+                .instrument(span)
+                .await;
+            }
+        }
+    }
 }
 
 /// Wakes every worker when this node's mount table changes (`POLLPRI` on

@@ -1,14 +1,17 @@
-//! The fallback wait when no event will say that a volume became ready: capped exponential
-//! backoff with jitter, and a deadline after which the volume is reported `HotplugFailed` (it
-//! keeps retrying at the cap). Watch events and mount-table changes wake the agent earlier.
+//! The fallback wait when no event will say that a volume became ready: virtplug's one backoff
+//! ([`client::backoff`]: capped exponential, ±20 % jitter here), and a deadline after which the
+//! volume is reported `HotplugFailed` (it keeps retrying at the cap). Watch events and
+//! mount-table changes wake the agent earlier.
 //!
-//! Defaults: first retry after 250 ms, doubling, capped at 30 s, ±20 % jitter; `HotplugFailed`
-//! after 60 s. KubeVirt's virt-handler instead re-queues every second, forever, spawning
-//! `findmnt` each time.
+//! Defaults: first retry after 250 ms, doubling, capped at 30 s; `HotplugFailed` after 60 s.
+//! KubeVirt's virt-handler instead re-queues every second, forever, spawning `findmnt` each
+//! time.
 
 use std::time::Duration;
 
-/// Backoff settings.
+use client::backoff::Jitter;
+
+/// The node agent's backoff settings.
 #[derive(Clone, Copy, Debug)]
 pub struct Backoff {
     pub base: Duration,
@@ -27,8 +30,7 @@ impl Backoff {
     /// The delay before retry number `attempt` (1 = the first retry), jittered ±20 %.
     #[must_use]
     pub fn delay(&self, attempt: u32) -> Duration {
-        let exp = self.base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
-        exp.min(self.cap).mul_f64(rand::random_range(0.8..1.2))
+        client::backoff::Backoff { base: self.base, cap: self.cap, jitter: Jitter::Proportional(0.2) }.delay(attempt)
     }
 }
 

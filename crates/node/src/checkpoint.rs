@@ -8,8 +8,7 @@
 //! Run dirs are private (0700: the QMP socket in them controls a root QEMU) and so are the files
 //! the agent creates there (0600: records, `emptyDisk` images), from their creation.
 
-use std::ffi::OsStr;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -36,42 +35,17 @@ pub struct CheckpointError {
     pub source: std::io::Error,
 }
 
-/// Writes `bytes` to `path` atomically and durably, mode 0600.
-///
-/// # Flow
-/// A temp file unique to this call (`.NAME.<random>.tmp` next to `path`, `O_CREAT|O_EXCL`, mode
-/// 0600: never shared with another target or another writer, never readable by others), write,
-/// fsync, rename over `path`, fsync the directory. A missing directory is created 0700.
+/// Writes `bytes` to `path` atomically and durably, mode 0600 from its creation, with
+/// [`durable::write_atomic`] (a temp file unique to this call, fsync, rename, fsync of the
+/// directory). A missing directory is created 0700.
 ///
 /// # Errors
 /// When any step fails; `path` then still holds its previous content (or does not exist), and
 /// the temp file is removed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let err = |what| move |source| CheckpointError { what, path: path.to_owned(), source };
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    create_private_dir(dir).map_err(err("create the directory of"))?;
-    let name = path.file_name().ok_or_else(|| err("write")(io::Error::new(io::ErrorKind::InvalidInput, "the path names no file")))?;
-    let (tmp, mut f) = create_temp(dir, name).map_err(err("create a temp file for"))?;
-    let written = f.write_all(bytes).map_err(err("write")).and_then(|()| f.sync_all().map_err(err("fsync")));
-    drop(f);
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path).map_err(err("rename into"))) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err("fsync the directory of"))?;
-    Ok(())
-}
-
-fn create_temp(dir: &Path, name: &OsStr) -> io::Result<(PathBuf, std::fs::File)> {
-    for _ in 0..8 {
-        let tmp = dir.join(format!(".{}.{:016x}.tmp", name.to_string_lossy(), rand::random::<u64>()));
-        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp) {
-            Ok(f) => return Ok((tmp, f)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Err(io::Error::new(io::ErrorKind::AlreadyExists, "no unused temp file name after 8 tries"))
+    create_private_dir(dir).map_err(|source| CheckpointError { what: "create the directory of", path: path.to_owned(), source })?;
+    durable::write_atomic(path, bytes, 0o600).map_err(|e| CheckpointError { what: e.step.as_str(), path: e.path, source: e.source })
 }
 
 /// Creates `dir` (and missing parents) with mode 0700; an existing one is left as it is.

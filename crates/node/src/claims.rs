@@ -10,10 +10,28 @@ use kube::api::Api;
 use kube::ResourceExt;
 
 use api::kubevirt::Volume;
+use api::phases::{ClaimPhase, DataVolumePhase};
 use api::DataVolume;
 
-use crate::agent::Shared;
+use crate::config::Shared;
 use crate::source::{self, SourceError};
+
+/// The claim a volume names ([`Volume::claim_name`]), and whether it is a DataVolume's (which
+/// must also be imported before the claim is used).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub name: String,
+    pub data_volume: bool,
+}
+
+impl Claim {
+    /// The claim of `volume`; `None` for a source without one (emptyDisk, cloud-init).
+    #[must_use]
+    pub fn of(volume: &Volume) -> Option<Claim> {
+        let name = volume.claim_name()?.to_owned();
+        Some(Claim { name, data_volume: volume.persistent_volume_claim.is_none() })
+    }
+}
 
 /// The loop device whose backing file is `backing`, from sysfs (the same lookup the
 /// provisioner uses to find its devices again).
@@ -39,17 +57,20 @@ async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) 
             .map_err(api_err)?
             .ok_or_else(|| SourceError::NotReady(format!("DataVolume {claim} does not exist")))?;
         let st = dv.status.unwrap_or_default();
-        if st.phase.as_deref() != Some("Succeeded") {
-            return Err(SourceError::NotReady(format!(
-                "DataVolume {claim} is {} ({})",
-                st.phase.as_deref().unwrap_or("Pending"),
-                st.progress.as_deref().unwrap_or("N/A")
-            )));
+        match st.phase {
+            Some(DataVolumePhase::Succeeded) => {}
+            phase => {
+                return Err(SourceError::NotReady(format!(
+                    "DataVolume {claim} is {} ({})",
+                    phase.unwrap_or(DataVolumePhase::Pending),
+                    st.progress.as_deref().unwrap_or("N/A")
+                )));
+            }
         }
     }
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(shared.client.clone(), ns);
     let pvc = pvcs.get_opt(claim).await.map_err(api_err)?.ok_or_else(|| SourceError::NotReady(format!("claim {claim} does not exist")))?;
-    if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+    if !ClaimPhase::is_bound(&pvc) {
         return Err(SourceError::NotReady(format!("claim {claim} is not bound yet")));
     }
     Ok(pvc)
@@ -69,14 +90,15 @@ fn is_block(pvc: &PersistentVolumeClaim) -> bool {
 ///
 /// # Errors
 /// When the claim is not ready or its data is not there.
-pub async fn claim_path(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PathBuf, SourceError> {
-    let pvc = ready_claim(shared, ns, claim, data_volume).await?;
+pub async fn claim_path(shared: &Shared, ns: &str, claim: &Claim) -> Result<PathBuf, SourceError> {
+    let pvc = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
     let dir = claim_dir(shared, &pvc)?;
-    if is_block(&pvc) {
-        loop_device_of(&dir.join("block.img")).ok_or_else(|| SourceError::NotReady(format!("claim {claim} has no loop device yet")))
-    } else {
-        Ok(dir.join("disk.img"))
+    if !is_block(&pvc) {
+        return Ok(dir.join("disk.img"));
     }
+    let missing = || SourceError::NotReady(format!("claim {} has no loop device yet", claim.name));
+    // sysfs reads: off the async threads.
+    tokio::task::spawn_blocking(move || loop_device_of(&dir.join("block.img"))).await.ok().flatten().ok_or_else(missing)
 }
 
 /// Opens the source of a hot-plug volume: from the local provisioner's storage root, or — in
@@ -87,24 +109,20 @@ pub async fn claim_path(shared: &Shared, ns: &str, claim: &str, data_volume: boo
 pub(crate) async fn open(
     shared: &Shared,
     ns: &str,
-    volume: &Volume,
+    volume: &str,
+    claim: &Claim,
     readonly: bool,
     attach_pod: Option<String>,
 ) -> Result<source::Opened, SourceError> {
-    source::check_name("volume name", &volume.name)?;
-    let (claim, dv) = match (&volume.persistent_volume_claim, &volume.data_volume) {
-        (Some(p), _) => (p.claim_name.clone(), false),
-        (None, Some(d)) => (d.name.clone(), true),
-        _ => return Err(SourceError::Refused(format!("volume {} has no claim or DataVolume", volume.name))),
-    };
-    let pvc = ready_claim(shared, ns, &claim, dv).await?;
+    source::check_name("volume name", volume)?;
+    let pvc = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
     if let Some(pod) = attach_pod {
         let pods_dir = shared.config.kubelet_pods_dir.clone();
         let block = is_block(&pvc);
         let path = if block {
-            PathBuf::from("/path").join(&volume.name).join(pvc.uid().unwrap_or_default())
+            PathBuf::from("/path").join(volume).join(pvc.uid().unwrap_or_default())
         } else {
-            PathBuf::from("/").join(&volume.name).join("disk.img")
+            PathBuf::from("/").join(volume).join("disk.img")
         };
         return tokio::task::spawn_blocking(move || {
             let pid = source::attachment_pod_pid(&pods_dir, &pod)?;

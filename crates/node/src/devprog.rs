@@ -13,10 +13,26 @@
 //! replaces it. (youki's libcgroups and runc generate the same kind of program.)
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use crate::bindmount::DeviceNumber;
+/// A device number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceNumber {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl DeviceNumber {
+    /// The number of the device `fd` is open on.
+    ///
+    /// # Errors
+    /// As `fstat`.
+    pub fn of(fd: BorrowedFd<'_>) -> io::Result<DeviceNumber> {
+        let st = rustix::fs::fstat(fd)?;
+        Ok(DeviceNumber { major: rustix::fs::major(st.st_rdev), minor: rustix::fs::minor(st.st_rdev) })
+    }
+}
 
 /// A block device the program allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

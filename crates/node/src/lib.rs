@@ -7,14 +7,18 @@
 //! bind-mount way stays available as a setting ([`bindmount`]).
 //!
 //! - [`agent`]: node registration, the VMI watch, one worker per VMI, adoption after a restart;
-//! - [`worker`]: one VMI's QEMU (launch, adopt, stop) and its phase;
-//! - [`hotplug`]: the volumes of a running VMI against what QEMU reports, and `volumeStatus`;
+//! - [`config`]: the agent's settings and what its workers share;
+//! - [`worker`]: one VMI's QEMU (launch, adopt, stop) and its phase; [`supervise`]: a worker
+//!   that panics is logged and started again;
+//! - [`hotplug`]: the volumes of a running VMI against what QEMU reports, and `volumeStatus`: a
+//!   pure plan ([`hotplug::plan`]) and its executor;
 //! - [`claims`]: a hot-plug volume's claim, checked ready, and its source opened;
 //! - [`source`]: a volume's source on this node, opened safely;
 //! - [`bindmount`]: bind-mount mode (targets in QEMU's mount namespace, device cgroup rules);
 //!   [`devprog`]: its cgroup v2 eBPF device program;
 //! - [`caps`]: what one VMI may take from this node (emptyDisk size, guest memory);
 //! - [`consolelog`]: the guests' serial logs, rotated past a cap;
+//! - [`reasons`]: the VMI reasons and Event reasons the agent writes; [`spans`]: its log spans;
 //! - [`mountinfo`], [`checkpoint`], [`backoff`]: the parser, crash-safe records, the fallback wait.
 
 pub mod agent;
@@ -23,10 +27,14 @@ pub mod bindmount;
 pub mod caps;
 pub mod checkpoint;
 pub mod claims;
+pub mod config;
 pub mod consolelog;
 pub mod devprog;
 pub mod hotplug;
 pub mod metrics;
 pub mod mountinfo;
+pub mod reasons;
 pub mod source;
+pub mod spans;
+pub mod supervise;
 pub mod worker;

@@ -1,0 +1,209 @@
+//! The executor: runs a pass's [`Step`]s against QEMU and writes what they change.
+//!
+//! # Flow (one pass)
+//! 1. Attach ([`super::attach`]): open every source → stage (bind-mount mode: mount) → plug or
+//!    insert, with the `Ready` of what QEMU already held and the failures in the pass's last
+//!    attach write.
+//! 2. Unplug: `Detaching` for all in one write, `device_del` … in turn, the `VolumeUnplugged`
+//!    Events, then the entries removed in one write.
+//! 3. Eject each medium no volume wants (`Detaching`, eject, Event, removal).
+//! 4. Delete the block nodes nothing accounts for; a refusal (QEMU still finalising the
+//!    device) retries at the base backoff.
+//! 5. Bind-mount mode: undo every target QEMU does not hold.
+//! 6. Drop the entries of volumes removed while they waited, in one write.
+//!
+//! # Guarantees
+//! Status changes are written in batches — one write (and one watch event for every watcher)
+//! per step of the pass, not one per volume and step: with many volumes and VMs the writes, not
+//! QMP, were the cost. Every log line about a volume is in its `volume` span.
+
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use api::kubevirt::VirtualMachineInstanceStatus;
+use qemu::{Inventory, Machine};
+
+use super::effects::Effects;
+use super::plan::{Attach, Step};
+use super::status::Change;
+use super::waiting::Volumes;
+use crate::backoff::Backoff;
+use crate::bindmount::Vm;
+use crate::reasons::EventReason;
+use crate::spans::volume as volume_span;
+
+/// A pass's steps, by kind (each kind runs as one step of the pass).
+#[derive(Default)]
+struct ByKind {
+    /// `Ready` for volumes QEMU held already: written with the attaches' last batch.
+    ready: Vec<Change>,
+    attaches: Vec<Attach>,
+    detaches: Vec<String>,
+    /// (drive, node, entry)
+    ejects: Vec<(String, String, Option<String>)>,
+    nodes: Vec<String>,
+    dropped: Vec<String>,
+}
+
+/// One pass over a VMI's volumes.
+pub(super) struct Pass<'a, E: Effects> {
+    pub machine: &'a Machine,
+    /// What QEMU held when the pass began (the plan's input; staging asks nothing again).
+    pub inventory: &'a Inventory,
+    /// Bind-mount mode's view of the VM.
+    pub bind: Option<&'a Vm>,
+    pub effects: &'a E,
+    pub volumes: &'a mut Volumes,
+    pub backoff: Backoff,
+    /// The VMI's status when the pass began (what a failure's report compares with).
+    pub status: Option<&'a VirtualMachineInstanceStatus>,
+    /// Bind-mount mode: the volumes QEMU holds at the end of the pass (their targets stay).
+    held: Vec<String>,
+    retry: Option<Duration>,
+}
+
+impl<'a, E: Effects> Pass<'a, E> {
+    pub fn new(machine: &'a Machine, inventory: &'a Inventory, effects: &'a E, volumes: &'a mut Volumes, backoff: Backoff) -> Self {
+        Pass { machine, inventory, bind: None, effects, volumes, backoff, status: None, held: Vec::new(), retry: None }
+    }
+
+    /// Runs `steps`; returns when to retry if something waits.
+    pub async fn run(mut self, steps: Vec<Step>) -> Option<Duration> {
+        let mut by_kind = ByKind::default();
+        for step in steps {
+            match step {
+                Step::Keep { volume } => self.hold(volume),
+                Step::RecordReady { volume } => {
+                    by_kind.ready.push(Change::ready(&volume));
+                    self.hold(volume);
+                }
+                Step::Attach(a) => by_kind.attaches.push(a),
+                Step::Detach { volume } => by_kind.detaches.push(volume),
+                Step::Eject { drive, node, volume } => by_kind.ejects.push((drive, node, volume)),
+                Step::RemoveNode { node } => by_kind.nodes.push(node),
+                Step::DropEntry { volume } => by_kind.dropped.push(volume),
+            }
+        }
+        self.attach(by_kind.attaches, by_kind.ready).await;
+        self.detach(by_kind.detaches).await;
+        for (drive, node, volume) in by_kind.ejects {
+            let span = volume_span(volume.as_deref().unwrap_or(&node));
+            self.eject(drive, &node, volume).instrument(span).await;
+        }
+        for node in by_kind.nodes {
+            self.remove_node(&node).await;
+        }
+        self.release().await;
+        self.drop_entries(by_kind.dropped).await;
+        self.retry
+    }
+
+    /// QEMU holds `volume`: it waits no more, and (bind-mount mode) its target stays.
+    pub(super) fn hold(&mut self, volume: String) {
+        self.volumes.forget(&volume);
+        self.held.push(volume);
+    }
+
+    /// The next pass runs within `d` at the latest.
+    pub(super) fn retry_within(&mut self, d: Duration) {
+        self.retry = Some(self.retry.map_or(d, |r| r.min(d)));
+    }
+
+    /// Writes one batch; nothing for an empty one.
+    pub(super) async fn write(&self, changes: Vec<Change>) {
+        if !changes.is_empty() {
+            self.effects.write(changes).await;
+        }
+    }
+
+    /// Unplugs the devices of `volumes`: `Detaching` for all in one write, QMP in turn, the
+    /// Events, then the entries removed in one write.
+    async fn detach(&mut self, volumes: Vec<String>) {
+        self.write(volumes.iter().map(|v| Change::detaching(v, "unplugging")).collect()).await;
+        let (mut gone, mut changes) = (Vec::new(), Vec::new());
+        for volume in volumes {
+            let span = volume_span(&volume);
+            let t = Instant::now();
+            let detached = self.machine.detach(&volume).instrument(span.clone()).await;
+            crate::metrics::observe("unplug", t.elapsed().as_secs_f64());
+            match detached {
+                Ok(()) => {
+                    span.in_scope(|| tracing::info!("detached"));
+                    gone.push(volume);
+                }
+                Err(e) => {
+                    span.in_scope(|| tracing::warn!("cannot detach it yet: {}", client::error_chain(&e)));
+                    changes.push(Change::detaching(&volume, client::error_chain(&e)));
+                    self.held.push(volume);
+                    self.retry_within(self.backoff.base);
+                }
+            }
+        }
+        // The Events first (whoever waits for an entry to go then finds its Event), concurrently.
+        let events = gone.iter().map(|v| self.effects.event(EventReason::VolumeUnplugged, format!("volume {v} unplugged")));
+        futures::future::join_all(events).await;
+        changes.extend(gone.into_iter().map(Change::Remove));
+        self.write(changes).await;
+    }
+
+    /// Ejects medium `node` from `drive`; `volume` is its entry.
+    async fn eject(&mut self, drive: String, node: &str, volume: Option<String>) {
+        if let Some(v) = &volume {
+            self.write(vec![Change::detaching(v, "ejecting")]).await;
+        }
+        match self.machine.eject(&drive).await {
+            Ok(()) => {
+                let what = volume.as_deref().unwrap_or(node);
+                self.effects.event(EventReason::VolumeUnplugged, format!("medium {what} ejected from {drive}")).await;
+                if let Some(v) = volume {
+                    self.write(vec![Change::Remove(v)]).await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!("cannot eject the medium of {drive}: {}", client::error_chain(&e));
+                self.held.extend(volume);
+            }
+        }
+    }
+
+    /// Deletes a node left without its device (an unplug whose `DEVICE_DELETED` came after its
+    /// wait ended: deadline, or an agent killed right after `device_del`). One still bound to a
+    /// backend QEMU is finalising refuses deletion: retry soon.
+    async fn remove_node(&mut self, node: &str) {
+        match self.machine.remove_node(node).await {
+            Ok(()) => tracing::info!("removed block node {node}, left by an interrupted unplug"),
+            Err(e) => {
+                tracing::info!("block node {node} without its device is not free yet ({e}); retrying");
+                self.retry_within(self.backoff.base);
+            }
+        }
+    }
+
+    /// Bind-mount mode: undoes every target QEMU does not hold — volumes just detached,
+    /// attaches that failed after the mount, and what an agent killed mid-way left (its
+    /// records). Off the async threads (a helper process, the records' fsync).
+    async fn release(&mut self) {
+        let Some(b) = self.bind else { return };
+        let (b, keep) = (b.clone(), self.held.clone());
+        let released =
+            tokio::task::spawn_blocking(move || b.release_all_except(&keep.iter().map(String::as_str).collect::<Vec<_>>())).await;
+        match released {
+            Ok(Ok(v)) if !v.is_empty() => tracing::info!("bind mounts of {v:?} undone"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!("{}", client::error_chain(&e));
+                self.retry_within(self.backoff.base);
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+
+    /// Drops the entries of volumes removed while they waited.
+    async fn drop_entries(&mut self, volumes: Vec<String>) {
+        for v in &volumes {
+            self.volumes.forget(v);
+        }
+        self.write(volumes.into_iter().map(Change::Remove).collect()).await;
+    }
+}

@@ -1,0 +1,289 @@
+//! The executor against the scripted QEMU ([`qemu::qmp::fake::Fake`]) and recording effects: what
+//! it sends QEMU, what it writes (batch by batch) and which Events it raises, in order.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use api::phases::{VolumePhase, VolumeReason};
+use qemu::qmp::fake::Fake;
+use qemu::{DeviceKind, Inventory, Machine};
+use serde_json::json;
+
+use super::effects::Effects;
+use super::execute::Pass;
+use super::plan::{Attach, Step, Target};
+use super::status::Change;
+use super::waiting::Volumes;
+use crate::backoff::Backoff;
+use crate::bindmount::{Privileged, Recorder, Request, Vm};
+use crate::claims::Claim;
+use crate::reasons::EventReason;
+use crate::source::{Opened, SourceError};
+
+/// What the executor did outside QEMU, in order.
+#[derive(Clone, Debug, PartialEq)]
+enum Did {
+    Wrote(Vec<Change>),
+    Raised(EventReason, String),
+}
+
+/// Recording effects: sources are image files in a temp dir (opened with the disk's mode);
+/// the claims named in `not_ready` are not bound.
+struct Recorded {
+    dir: tempfile::TempDir,
+    not_ready: Vec<String>,
+    did: Mutex<Vec<Did>>,
+}
+
+impl Recorded {
+    fn new() -> Recorded {
+        Recorded { dir: tempfile::tempdir().unwrap(), not_ready: Vec::new(), did: Mutex::default() }
+    }
+
+    fn did(&self) -> Vec<Did> {
+        self.did.lock().unwrap().clone()
+    }
+
+    /// The writes, each as (volume, phase or "removed").
+    fn writes(&self) -> Vec<Vec<(String, String)>> {
+        let summary = |c: &Change| match c {
+            Change::Set { volume, phase, .. } => (volume.clone(), phase.to_string()),
+            Change::Remove(volume) => (volume.clone(), "removed".into()),
+        };
+        self.did()
+            .iter()
+            .filter_map(|d| match d {
+                Did::Wrote(w) => Some(w.iter().map(summary).collect()),
+                Did::Raised(..) => None,
+            })
+            .collect()
+    }
+}
+
+impl Effects for Recorded {
+    async fn open(&self, a: &Attach) -> Result<Opened, SourceError> {
+        if self.not_ready.contains(&a.claim.name) {
+            return Err(SourceError::NotReady(format!("claim {} is not bound yet", a.claim.name)));
+        }
+        let path = self.dir.path().join(format!("{}.img", a.volume));
+        std::fs::write(&path, [0u8; 512]).unwrap();
+        let f = std::fs::OpenOptions::new().read(true).write(!a.readonly).open(&path).unwrap();
+        Ok(Opened { fd: f.into(), path, block: false })
+    }
+
+    async fn write(&self, changes: Vec<Change>) {
+        self.did.lock().unwrap().push(Did::Wrote(changes));
+    }
+
+    async fn event(&self, reason: EventReason, message: String) {
+        self.did.lock().unwrap().push(Did::Raised(reason, message));
+    }
+}
+
+const BACKOFF: Backoff = Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(2), deadline: Duration::from_secs(5) };
+
+fn qemu() -> (Arc<Fake>, Machine) {
+    let fake = Arc::new(Fake::new());
+    (Arc::clone(&fake), Machine::new(Arc::clone(&fake)))
+}
+
+fn disk(volume: &str) -> Step {
+    Step::Attach(Attach {
+        volume: volume.into(),
+        claim: Claim { name: volume.into(), data_volume: false },
+        readonly: false,
+        target: Target::Device { kind: DeviceKind::Disk, serial: volume.into() },
+        attach_pod: None,
+    })
+}
+
+/// Runs `steps` over `machine` with QEMU holding `inventory`; returns the retry.
+async fn run(machine: &Machine, inventory: &Inventory, effects: &Recorded, bind: Option<&Vm>, steps: Vec<Step>) -> Option<Duration> {
+    let mut volumes = Volumes::default();
+    let mut pass = Pass::new(machine, inventory, effects, &mut volumes, BACKOFF);
+    pass.bind = bind;
+    pass.run(steps).await
+}
+
+fn w(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    items.iter().map(|(v, p)| ((*v).to_owned(), (*p).to_owned())).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn disks_are_staged_from_the_passs_inventory_and_each_phase_is_one_write_for_all() {
+    let (fake, m) = qemu();
+    let effects = Recorded::new();
+    assert_eq!(run(&m, &Inventory::default(), &effects, None, vec![disk("a"), disk("b")]).await, None);
+    assert_eq!(
+        fake.commands(),
+        ["add-fd", "blockdev-add", "remove-fd", "add-fd", "blockdev-add", "remove-fd", "device_add", "device_add"],
+        "no qom-list or query-named-block-nodes: staging uses what the pass asked"
+    );
+    assert_eq!(
+        effects.writes(),
+        [
+            w(&[("a", "AttachedToNode"), ("b", "AttachedToNode")]),
+            w(&[("a", "MountedToPod"), ("b", "MountedToPod")]),
+            w(&[("a", "Ready"), ("b", "Ready")])
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_device_add_leaves_the_volume_attached_to_node_with_qemus_reason() {
+    let (fake, m) = qemu();
+    fake.refuse("device_add", "GenericError", "Duplicate ID 'vp-a' for device");
+    let effects = Recorded::new();
+    let retry = run(&m, &Inventory::default(), &effects, None, vec![disk("a")]).await;
+    assert!(retry.is_some_and(|d| d <= BACKOFF.base * 2), "retried at the backoff: {retry:?}");
+    assert_eq!(fake.commands()[3..], ["device_add", "blockdev-del"], "the plug's rollback");
+    let Some(Did::Wrote(last)) = effects.did().pop() else { panic!("a last write") };
+    let Change::Set { phase, reason, message, .. } = &last[0] else { panic!("{last:?}") };
+    assert_eq!((phase, reason), (&VolumePhase::AttachedToNode, &VolumeReason::PvcBound));
+    assert!(message.starts_with("QEMU refused the volume") && message.contains("Duplicate ID"), "{message}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_volume_whose_claim_is_not_ready_writes_its_wait_with_the_adopted_ready_and_asks_qemu_nothing() {
+    let (fake, m) = qemu();
+    let mut effects = Recorded::new();
+    effects.not_ready.push("late".into());
+    let steps = vec![Step::RecordReady { volume: "kept".into() }, disk("late")];
+    assert!(run(&m, &Inventory::default(), &effects, None, steps).await.is_some(), "it waits: a retry is due");
+    assert!(fake.commands().is_empty(), "{:?}", fake.commands());
+    assert_eq!(effects.writes(), [w(&[("kept", "Ready"), ("late", "Pending")])], "one write for both");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unplug_writes_detaching_raises_its_event_then_drops_the_entry() {
+    let (fake, m) = qemu();
+    fake.reply("qom-list", json!([{"name": "vp-gone", "type": "child<scsi-hd>"}]))
+        .emit_after("device_del", "DEVICE_DELETED", json!({"device": "vp-gone"}))
+        .reply("query-named-block-nodes", json!([{"node-name": "n-gone"}]));
+    let effects = Recorded::new();
+    assert_eq!(run(&m, &Inventory::default(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await, None);
+    assert_eq!(fake.commands(), ["qom-list", "device_del", "query-named-block-nodes", "blockdev-del"]);
+    assert_eq!(
+        effects.did(),
+        [
+            Did::Wrote(vec![Change::detaching("gone", "unplugging")]),
+            Did::Raised(EventReason::VolumeUnplugged, "volume gone unplugged".into()),
+            Did::Wrote(vec![Change::Remove("gone".into())]),
+        ],
+        "the Event before the entry goes: whoever waits for the entry to go finds it"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unplug_without_device_deleted_stays_detaching_with_the_error_and_retries_at_the_base() {
+    let (fake, m) = qemu();
+    fake.reply("qom-list", json!([{"name": "vp-gone", "type": "child<scsi-hd>"}]));
+    let effects = Recorded::new();
+    assert_eq!(run(&m, &Inventory::default(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await, Some(BACKOFF.base));
+    let did = effects.did();
+    assert_eq!(did.len(), 2, "no Event, no removal: {did:?}");
+    let Did::Wrote(last) = &did[1] else { panic!("{did:?}") };
+    let Change::Set { phase, message, .. } = &last[0] else { panic!("{last:?}") };
+    assert_eq!(phase, &VolumePhase::Detaching);
+    assert!(message.contains("DEVICE_DELETED"), "{message}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_eject_writes_detaching_ejects_raises_its_event_then_drops_the_entry() {
+    let (fake, m) = qemu();
+    fake.reply("query-block", json!([{"qdev": "cd0", "removable": true, "inserted": {"node-name": "n-cd0"}}]));
+    let effects = Recorded::new();
+    let eject = Step::Eject { drive: "cd0".into(), node: "n-cd0".into(), volume: Some("cd0".into()) };
+    run(&m, &Inventory::default(), &effects, None, vec![eject]).await;
+    assert_eq!(fake.commands(), ["query-block", "blockdev-open-tray", "blockdev-remove-medium", "blockdev-del", "blockdev-close-tray"]);
+    assert_eq!(
+        effects.did(),
+        [
+            Did::Wrote(vec![Change::detaching("cd0", "ejecting")]),
+            Did::Raised(EventReason::VolumeUnplugged, "medium cd0 ejected from cd0".into()),
+            Did::Wrote(vec![Change::Remove("cd0".into())]),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leftover_node_qemu_still_holds_is_retried_at_the_base_backoff() {
+    let (fake, m) = qemu();
+    fake.refuse("blockdev-del", "GenericError", "Node 'n-old' is busy");
+    let effects = Recorded::new();
+    let sweep = || vec![Step::RemoveNode { node: "n-old".into() }];
+    assert_eq!(run(&m, &Inventory::default(), &effects, None, sweep()).await, Some(BACKOFF.base));
+    assert_eq!(run(&m, &Inventory::default(), &effects, None, sweep()).await, None, "freed on the next pass");
+    assert_eq!(fake.calls()[1].args, json!({"node-name": "n-old"}));
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_bind_mount_mode_qemu_opens_the_target_and_a_failed_attach_releases_it() {
+    let (fake, m) = qemu();
+    let run_dir = tempfile::tempdir().unwrap();
+    let rec = Arc::new(Recorder::default());
+    let vm = Vm { host: Arc::clone(&rec) as Arc<dyn Privileged>, pid: 4242, run_dir: run_dir.path().to_owned(), cgroup: "/cg/vm".into() };
+    let effects = Recorded::new();
+    run(&m, &Inventory::default(), &effects, Some(&vm), vec![disk("a")]).await;
+    let target = run_dir.path().join("hotplug/a");
+    assert_eq!(fake.commands(), ["blockdev-add", "device_add"], "no fd handoff");
+    assert_eq!(fake.calls()[0].args["file"]["filename"], json!(target.display().to_string()));
+    assert_eq!(effects.writes(), [w(&[("a", "AttachedToNode")]), w(&[("a", "MountedToPod")]), w(&[("a", "Ready")])]);
+    assert_eq!(rec.take(), [Request::BindMount { pid: 4242, target: target.clone(), readonly: false }], "QEMU holds it: the target stays");
+
+    fake.refuse("device_add", "GenericError", "cannot open it");
+    run(&m, &Inventory::default(), &effects, Some(&vm), vec![disk("a")]).await;
+    let requests = rec.take();
+    assert_eq!(requests.last(), Some(&Request::RemoveTarget { pid: 4242, target }), "{requests:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_line_logged_about_a_volume_names_it() {
+    let (fake, m) = qemu();
+    fake.reply("qom-list", json!([{"name": "vp-gone", "type": "child<scsi-hd>"}])).emit_after(
+        "device_del",
+        "DEVICE_DELETED",
+        json!({"device": "vp-gone"}),
+    );
+    let log = Log::default();
+    let subscriber = tracing_subscriber::fmt().with_writer(log.clone()).with_ansi(false).with_max_level(tracing::Level::INFO).finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let effects = Recorded::new();
+    run(&m, &Inventory::default(), &effects, None, vec![disk("a"), Step::Detach { volume: "gone".into() }]).await;
+    let text = log.text();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.iter().any(|l| l.contains("attached")) && lines.iter().any(|l| l.contains("detached")), "{text}");
+    for l in lines {
+        let named = if l.contains("detached") { "volume=gone" } else { "volume=a" };
+        assert!(l.contains(&format!("volume{{{named}}}")), "a line without its volume: {l}");
+    }
+}
+
+/// A log sink for the test subscriber.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl Log {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+    type Writer = Log;
+    fn make_writer(&'a self) -> Log {
+        self.clone()
+    }
+}

@@ -1,0 +1,65 @@
+//! A running VMI's hot-plug volumes against what QEMU reports, and their `volumeStatus`: a pure
+//! plan and an executor.
+//!
+//! # One pass
+//! 1. Ask QEMU what it holds, once: its [`qemu::Inventory`] (devices, this agent's block nodes)
+//!    and its CD-ROM drives.
+//! 2. [`plan::plan`] turns what the spec wants, what QEMU holds and what `volumeStatus` says into
+//!    [`plan::Step`]s — pure, and unit-tested rule by rule.
+//! 3. The executor (`execute`, `attach`) runs them against QEMU; what they change in
+//!    `volumeStatus` are values ([`status::Change`]) it writes in one batch per step of the pass;
+//!    what a failure reports (the phase reached, `HotplugFailed` past the deadline) is decided
+//!    by `waiting`. Its effects outside QEMU go through `effects::Effects`.
+//!
+//! The truth is QEMU: after an agent restart the same pass attaches what is missing, adopts what
+//! is there and detaches what is extra.
+//!
+//! # Waiting
+//! A volume whose claim is not ready keeps its phase with the reason in `message` and is
+//! retried on the next wake-up (claim/DataVolume watch, mount-table change) or after the
+//! backoff; past the deadline its reason is `HotplugFailed` with a `HotplugFailed` Event, and
+//! retries continue at the cap.
+
+mod attach;
+mod effects;
+mod execute;
+pub mod plan;
+pub mod status;
+mod waiting;
+
+use std::time::Duration;
+
+use api::VirtualMachineInstance;
+use qemu::Machine;
+
+pub use waiting::Volumes;
+
+use crate::bindmount::Vm;
+use crate::config::Shared;
+
+/// Reconciles the VMI's hot-plug volumes with QEMU. Returns when to retry if something waits.
+pub async fn reconcile(
+    shared: &Shared,
+    vmi: &VirtualMachineInstance,
+    machine: &Machine,
+    bind: Option<&Vm>,
+    volumes: &mut Volumes,
+) -> Option<Duration> {
+    let inventory = match machine.inventory().await {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!("cannot ask QEMU what is attached: {e}");
+            return Some(shared.config.backoff.cap);
+        }
+    };
+    let drives = machine.drives().await.unwrap_or_default();
+    let steps = plan::plan(&plan::wanted(&vmi.spec), &inventory, &drives, vmi.status.as_ref());
+    let effects = effects::ApiEffects { shared, vmi };
+    let mut pass = execute::Pass::new(machine, &inventory, &effects, volumes, shared.config.backoff);
+    pass.bind = bind;
+    pass.status = vmi.status.as_ref();
+    pass.run(steps).await
+}
+
+#[cfg(test)]
+mod execute_tests;

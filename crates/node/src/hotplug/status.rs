@@ -1,0 +1,87 @@
+//! The agent's changes to `volumeStatus`, as values: a pass collects them per step and the
+//! executor writes each batch in one status write; [`apply`] is what that write does to the VMI.
+
+use api::kubevirt::VirtualMachineInstanceStatus;
+use api::phases::{VolumePhase, VolumeReason};
+
+/// One change to a `volumeStatus` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The entry of `volume` (created when absent) moves to `phase`, `reason` and `message`.
+    Set { volume: String, phase: VolumePhase, reason: VolumeReason, message: String },
+    /// The entry of `volume` goes (its unplug is confirmed, or it was removed while it waited).
+    Remove(String),
+}
+
+impl Change {
+    /// `volume` reached `phase`, with the reason KubeVirt pairs with it.
+    pub fn reached(volume: &str, phase: VolumePhase, message: impl Into<String>) -> Change {
+        Change::Set { volume: volume.to_owned(), reason: phase.reason(), phase, message: message.into() }
+    }
+
+    /// The volume is in QEMU (KubeVirt's reason and message).
+    #[must_use]
+    pub fn ready(volume: &str) -> Change {
+        Change::reached(volume, VolumePhase::Ready, "Successfully attach hotplugged volume to VM")
+    }
+
+    /// The volume is being unplugged (or its medium ejected); `message` says how far.
+    pub fn detaching(volume: &str, message: impl Into<String>) -> Change {
+        Change::reached(volume, VolumePhase::Detaching, message)
+    }
+}
+
+/// Applies `changes` to `status`, in order. An entry the agent creates past `Bound` (it reacted
+/// to the spec before the controller's status write) first records `Bound`: the claim was bound
+/// when the agent opened it, so the timeline says so (the controller leaves entries past `Bound`
+/// alone).
+pub fn apply(status: &mut VirtualMachineInstanceStatus, changes: &[Change]) {
+    for c in changes {
+        match c {
+            Change::Set { volume, phase, reason, message } => {
+                let created = status.volume(volume).is_none();
+                let e = status.volume_entry(volume);
+                if created && matches!(phase, VolumePhase::AttachedToNode | VolumePhase::MountedToPod | VolumePhase::Ready) {
+                    e.transition(VolumePhase::Bound, VolumeReason::PvcBound, "the claim is bound (seen by the node agent)");
+                }
+                e.transition(phase.clone(), reason.clone(), message);
+            }
+            Change::Remove(volume) => status.volume_status.retain(|e| &e.name != volume),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn phases(s: &VirtualMachineInstanceStatus, volume: &str) -> Vec<String> {
+        let e = s.volume(volume).expect("the entry");
+        let stamps = e.extra["phaseTransitionTimestamps"].as_array().expect("its timeline");
+        stamps.iter().map(|t| t["phase"].as_str().unwrap_or_default().to_owned()).collect()
+    }
+
+    #[test]
+    fn an_entry_the_agent_creates_past_bound_records_bound_first() {
+        let mut s = VirtualMachineInstanceStatus::default();
+        apply(&mut s, &[Change::reached("a", VolumePhase::AttachedToNode, "opened /x")]);
+        assert_eq!(phases(&s, "a"), ["Bound", "AttachedToNode"]);
+        let e = s.volume("a").expect("the entry");
+        assert_eq!((e.phase.as_ref(), e.reason.as_ref()), (Some(&VolumePhase::AttachedToNode), Some(&VolumeReason::SuccessfulCreate)));
+        assert!(e.hotplug_volume.is_some(), "a hot-plug entry");
+        // An existing entry moves on without a made-up Bound.
+        apply(&mut s, &[Change::ready("a")]);
+        assert_eq!(phases(&s, "a"), ["Bound", "AttachedToNode", "Ready"]);
+        // Detaching an entry nobody wrote says nothing about its claim.
+        apply(&mut s, &[Change::detaching("b", "unplugging")]);
+        assert_eq!(phases(&s, "b"), ["Detaching"]);
+    }
+
+    #[test]
+    fn a_batch_applies_in_order_and_a_removal_drops_the_entry() {
+        let mut s = VirtualMachineInstanceStatus::default();
+        apply(&mut s, &[Change::ready("a"), Change::ready("b"), Change::Remove("a".into())]);
+        let names: Vec<&str> = s.volume_status.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["b"]);
+    }
+}

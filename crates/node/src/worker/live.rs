@@ -1,0 +1,203 @@
+//! A VMI's running QEMU, as its worker holds it ([`Live`]): launched, or adopted after an agent
+//! restart; its QMP connection, its exit (pidfd) and its events.
+//!
+//! Launch prepares the run dir, checks the caps and writes the VMI's record before QEMU starts;
+//! adoption removes the fd sets an interrupted attach left (a takeover's leftovers, before the
+//! first pass). File and cgroup work runs off the async threads.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::ResourceExt;
+use tokio::io::unix::AsyncFd;
+use tracing::Instrument;
+
+use api::VirtualMachineInstance;
+use qemu::process::Process;
+use qemu::qmp::Qmp;
+use qemu::Machine;
+
+use crate::claims::Claim;
+use crate::config::Shared;
+use crate::reasons::EventReason;
+
+/// A running QEMU and what the worker knows of it.
+pub(super) struct Live {
+    pub process: Process,
+    pub machine: Machine,
+    /// Set by the event reader: the guest asked to power off.
+    pub guest_shutdown: Arc<Mutex<bool>>,
+    pub exited: tokio::task::JoinHandle<()>,
+    events: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.exited.abort();
+        self.events.abort();
+    }
+}
+
+/// Runs `f` on the blocking pool; a panic there becomes an error message.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, String> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| e.to_string())?
+}
+
+/// The QEMU of `run_dir`, if it runs ([`qemu::process::adopt`]: the pidfile and `/proc`, off the
+/// async threads).
+pub(super) async fn running_qemu(run_dir: &Path) -> Option<Process> {
+    let run_dir = run_dir.to_owned();
+    tokio::task::spawn_blocking(move || qemu::process::adopt(&run_dir).ok()).await.ok().flatten()
+}
+
+/// Waits until the process exits (readability of its pidfd).
+fn watch_exit(pid: i32) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let Some(pid) = rustix::process::Pid::from_raw(pid) else { return };
+        let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::NONBLOCK) else { return };
+        // `new` is deprecated for fds the AsyncFd does not own (they could be closed while
+        // registered); this one owns its OwnedFd, which closes only when it is dropped.
+        #[allow(deprecated)]
+        let Ok(afd) = AsyncFd::new(fd) else {
+            return;
+        };
+        let _ = afd.readable().await;
+    })
+}
+
+/// Reads QEMU's events: remembers a guest-initiated shutdown, reports reboots.
+fn read_events(
+    shared: Arc<Shared>,
+    vmi: Arc<VirtualMachineInstance>,
+    machine: &Machine,
+    flag: Arc<Mutex<bool>>,
+) -> tokio::task::JoinHandle<()> {
+    let mut rx = machine.events();
+    let by_guest = |e: &qemu::qmp::Event| e.data.get("guest").and_then(serde_json::Value::as_bool) == Some(true);
+    let read = async move {
+        loop {
+            match rx.recv().await {
+                Ok(e) if e.name == "SHUTDOWN" && by_guest(&e) => *flag.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true,
+                Ok(e) if e.name == "RESET" && by_guest(&e) => {
+                    crate::reasons::publish(&shared.client, vmi.as_ref(), EventReason::GuestReboot, "the guest rebooted").await;
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    };
+    tokio::spawn(read.in_current_span())
+}
+
+/// Connects to the QEMU of `process` and follows its exit and events.
+async fn connect(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, process: Process) -> Result<Live, String> {
+    let qmp = Qmp::connect_within(&process.run_dir.join("qmp.sock"), Duration::from_secs(10))
+        .await
+        .map_err(|e| format!("cannot reach QEMU's QMP socket: {e}"))?;
+    let machine = Machine::new(qmp);
+    let flag = Arc::new(Mutex::new(false));
+    let events = read_events(Arc::clone(shared), Arc::clone(vmi), &machine, Arc::clone(&flag));
+    Ok(Live { exited: watch_exit(process.pid), process, machine, guest_shutdown: flag, events })
+}
+
+/// Takes over the QEMU of `run_dir` left by an earlier agent, if one runs: `None` when none does.
+pub(super) async fn adopt(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir: &Path) -> Option<Result<Live, String>> {
+    let process = running_qemu(run_dir).await?;
+    let live = match connect(shared, vmi, process).await {
+        Ok(l) => l,
+        Err(e) => return Some(Err(e)),
+    };
+    tracing::info!("adopted QEMU {}", live.process.pid);
+    // An agent killed between `add-fd` and `remove-fd` left an fd set that holds an image open
+    // and that nothing lists: it goes before the first pass (which also removes nodes left
+    // without their device, and re-attaches what is wanted).
+    match live.machine.remove_stale_fdsets().await {
+        Ok(sets) if !sets.is_empty() => tracing::info!("removed stale fd sets {sets:?}"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot look for stale fd sets: {e}"),
+    }
+    Some(Ok(live))
+}
+
+/// Creates `run_dir`/`empty-NAME.img` of `mib` MiB unless it exists (sparse, 0600).
+fn empty_disk(path: &Path, mib: u64) -> Result<(), String> {
+    if !path.exists() {
+        let f = crate::checkpoint::create_private_file(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        f.set_len(mib << 20).map_err(|e| format!("cannot size {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The host paths of the volumes present from boot (not hot-pluggable).
+async fn boot_sources(shared: &Shared, vmi: &VirtualMachineInstance, run_dir: &Path) -> Result<HashMap<String, PathBuf>, String> {
+    let mut out = HashMap::new();
+    let ns = vmi.namespace().unwrap_or_default();
+    for v in vmi.spec.volumes.iter().filter(|v| !v.is_hotpluggable()) {
+        if let Some(e) = &v.empty_disk {
+            let mib = qemu::cmdline::quantity_mib(&e.capacity.0, "emptyDisk.capacity").map_err(|e| e.to_string())?;
+            crate::source::check_name("volume name", &v.name).map_err(|e| e.to_string())?;
+            let path = run_dir.join(format!("empty-{}.img", v.name));
+            let p = path.clone();
+            blocking(move || empty_disk(&p, mib)).await?;
+            out.insert(v.name.clone(), path);
+        } else if let Some(claim) = Claim::of(v) {
+            let path = crate::claims::claim_path(shared, &ns, &claim).await.map_err(|e| e.to_string())?;
+            out.insert(v.name.clone(), path);
+        }
+    }
+    Ok(out)
+}
+
+/// The run dir made private, the caps checked and the VMI's record written (fsync'd): before
+/// anything else is created for the VMI, so a guest beyond what this host can hold never starts.
+async fn prepare(shared: &Shared, vmi: &Arc<VirtualMachineInstance>, run_dir: &Path) -> Result<crate::checkpoint::VmiRecord, String> {
+    let bind = shared.config.mode == crate::bindmount::AttachMode::BindMount;
+    let uid = vmi.uid().unwrap_or_default();
+    let record = crate::checkpoint::VmiRecord {
+        namespace: vmi.namespace().unwrap_or_default(),
+        name: vmi.name_any(),
+        cgroup: bind.then(|| shared.config.devices_cgroup.join(&uid)),
+        uid,
+    };
+    let (vmi, run_dir, caps, r) = (Arc::clone(vmi), run_dir.to_owned(), shared.config.caps, record.clone());
+    blocking(move || {
+        crate::checkpoint::create_private_dir(&run_dir).map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
+        let host = crate::caps::Host::read(&run_dir)?;
+        crate::caps::check(&vmi.spec, caps, &host)?;
+        crate::checkpoint::write_record(&run_dir, &r).map_err(|e| e.to_string())
+    })
+    .await?;
+    Ok(record)
+}
+
+/// Starts QEMU for the VMI and connects to it.
+pub(super) async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir: &Path) -> Result<Live, String> {
+    let record = prepare(shared, vmi, run_dir).await?;
+    let sources = boot_sources(shared, vmi, run_dir).await?;
+    let name = format!("{}_{}", record.namespace, record.name);
+    let mut spec =
+        qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, &shared.config.boot_files, |v| sources.get(&v.name).cloned())
+            .map_err(|e| e.to_string())?;
+    spec.own_mount_namespace = record.cgroup.is_some();
+    spec.sandbox = shared.config.qemu_sandbox;
+    spec.run_as.clone_from(&shared.config.qemu_user);
+    let process = qemu::process::launch(&spec).await.map_err(|e| client::error_chain(&e))?;
+    if let Some(cgroup) = record.cgroup {
+        let (host, pid) = (Arc::clone(&shared.host), process.pid);
+        let join = crate::bindmount::Request::JoinCgroup { cgroup, pid };
+        if let Err(e) = blocking(move || host.apply(&join, None).map_err(|e| e.to_string())).await {
+            process.kill().await;
+            return Err(format!("bind-mount mode: {e}"));
+        }
+    }
+    if shared.config.vm_nice != 0 {
+        let (p, nice) = (process.clone(), shared.config.vm_nice);
+        if let Err(e) = blocking(move || p.renice(nice).map_err(|e| e.to_string())).await {
+            tracing::warn!("cannot set QEMU's nice value: {e}");
+        }
+    }
+    tracing::info!("QEMU {} started", process.pid);
+    connect(shared, vmi, process).await
+}

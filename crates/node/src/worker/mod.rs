@@ -1,0 +1,242 @@
+//! One VMI on this node: its QEMU and its phase. The worker is the only owner of the VMI's QMP
+//! connection; it runs the hot-plug pass ([`crate::hotplug`]) after every wake-up that needs one.
+//!
+//! - [`live`]: the running QEMU (launch, adoption after an agent restart, exit and events);
+//! - [`phase`]: the VMI's phase, reason and `Ready` condition;
+//! - [`stop`]: stopping QEMU and removing what the VM leaves.
+//!
+//! # Phases (KubeVirt's)
+//! `Scheduled` → QEMU launched, QMP connected → `Running`. The guest powering off (QEMU's
+//! `SHUTDOWN` with `guest: true`, then exit) → `Succeeded`; QEMU exiting otherwise → `Failed`
+//! with the reason; a guest reboot raises a `GuestReboot` Event. On deletion the guest gets
+//! `system_powerdown` and the VMI's `terminationGracePeriodSeconds` (default
+//! [`Config::stop_grace`](crate::config::Config)), then QEMU is stopped by force; the VMI's
+//! finalizer is removed only once QEMU is gone.
+//!
+//! # Wake-ups
+//! A new version of the VMI, QEMU's exit (pidfd), and — only while a volume waits — a
+//! claim/DataVolume/mount-table change or the backoff timer. Nothing is polled.
+//!
+//! Every log line of a worker is in its VMI's span ([`crate::spans::vmi`]).
+
+mod live;
+mod phase;
+mod stop;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use api::phases::VmiPhase;
+use api::VirtualMachineInstance;
+
+use crate::config::Shared;
+use crate::hotplug::Volumes;
+use crate::reasons::{EventReason, VmiReason};
+use live::Live;
+use phase::set_phase;
+
+pub use stop::{stop_for_shutdown, stop_orphan, FINALIZER};
+
+type Versions = watch::Receiver<Option<Arc<VirtualMachineInstance>>>;
+
+/// Runs the worker of VMI `uid` until the VMI is gone (QEMU stopped) or the agent stops (QEMU
+/// left running). `rx` hands it every new version of the VMI (`None`: the object is gone).
+pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
+    let run_dir = shared.config.state_dir.join("vmis").join(&uid);
+    let mut storage = shared.storage_changed.subscribe();
+    let mut w = Worker {
+        shared,
+        uid,
+        run_dir,
+        live: None,
+        volumes: Volumes::default(),
+        last: None,
+        done_generation: None,
+        force: true,
+        pending_retry: None,
+    };
+    loop {
+        let current = rx.borrow_and_update().clone();
+        let Some(vmi) = current else {
+            // The VMI object is gone entirely (its finalizer was removed elsewhere).
+            w.gone().await;
+            return;
+        };
+        w.last = Some(Arc::clone(&vmi));
+        if vmi.metadata.deletion_timestamp.is_some() {
+            w.delete(&vmi).await;
+            return;
+        }
+        if w.live.is_none() {
+            w.start(&vmi).await;
+        }
+        let retry = w.pass(&vmi).await;
+        if !w.wait(retry, &mut rx, &mut storage).await {
+            return; // the agent stops: the VM keeps running for the next agent
+        }
+    }
+}
+
+/// What woke the worker.
+enum Wake {
+    /// A new version of the VMI (or it is gone).
+    Changed,
+    /// The agent stops.
+    AgentStopped,
+    /// A claim, DataVolume or the mount table changed.
+    Storage,
+    /// QEMU exited.
+    Exited,
+    /// The retry timer fired.
+    Timer,
+}
+
+/// One VMI's worker state.
+struct Worker {
+    shared: Arc<Shared>,
+    uid: String,
+    run_dir: PathBuf,
+    live: Option<Live>,
+    volumes: Volumes,
+    /// The last version of the VMI seen (for the exit's phase).
+    last: Option<Arc<VirtualMachineInstance>>,
+    /// The generation of the spec the last hot-plug pass ran for.
+    done_generation: Option<i64>,
+    /// The next pass must run anyway (first pass, storage event, retry timer, QEMU adopted or
+    /// started).
+    force: bool,
+    pending_retry: Option<Duration>,
+}
+
+impl Worker {
+    /// The VMI object is gone: its QEMU is stopped and its run dir removed.
+    async fn gone(&mut self) {
+        if let Some(l) = self.live.take() {
+            stop::stop(l, Duration::from_secs(1)).await;
+        }
+        stop::forget(&self.run_dir).await;
+    }
+
+    /// The VMI is deleted: QEMU gets its grace to stop, then the run dir and the finalizer go.
+    async fn delete(&mut self, vmi: &VirtualMachineInstance) {
+        let grace = vmi
+            .spec
+            .extra
+            .get("terminationGracePeriodSeconds")
+            .and_then(serde_json::Value::as_u64)
+            .map_or(self.shared.config.stop_grace, Duration::from_secs);
+        if let Some(l) = self.live.take() {
+            tracing::info!("the VMI is deleted: stopping its QEMU (grace {grace:?})");
+            stop::stop(l, grace).await;
+        } else if let Some(p) = live::running_qemu(&self.run_dir).await {
+            p.kill().await;
+        }
+        stop::forget(&self.run_dir).await;
+        stop::remove_finalizer(&self.shared, vmi).await;
+    }
+
+    /// Takes over the VMI's running QEMU, or launches it for a `Scheduled` VMI; a `Running` VMI
+    /// without QEMU failed while no agent ran. `Running` once QEMU runs.
+    async fn start(&mut self, vmi: &Arc<VirtualMachineInstance>) {
+        match live::adopt(&self.shared, vmi, &self.run_dir).await {
+            Some(Ok(l)) => self.live = Some(l),
+            Some(Err(e)) => tracing::warn!("{e}"),
+            None => match vmi.phase() {
+                Some(VmiPhase::Scheduled) => match live::launch(&self.shared, vmi, &self.run_dir).await {
+                    Ok(l) => self.live = Some(l),
+                    Err(e) => {
+                        set_phase(&self.shared, vmi, VmiPhase::Failed, Some(VmiReason::LaunchFailed), &e).await;
+                        crate::reasons::publish(&self.shared.client, vmi.as_ref(), EventReason::LaunchFailed, &e).await;
+                    }
+                },
+                Some(VmiPhase::Running) => {
+                    let msg = "QEMU exited while the node agent was not running";
+                    set_phase(&self.shared, vmi, VmiPhase::Failed, Some(VmiReason::QemuGone), msg).await;
+                }
+                _ => {}
+            },
+        }
+        if self.live.is_some() {
+            self.force = true;
+            if !vmi.is_running() {
+                set_phase(&self.shared, vmi, VmiPhase::Running, None, "QEMU is running").await;
+            }
+        }
+    }
+
+    /// The hot-plug pass, when one is needed. A new version of the VMI whose spec did not change
+    /// (its status: most often this agent's own volumeStatus writes) needs none: every pass costs
+    /// QMP round trips, which wait for QEMU's big lock behind a busy TCG vCPU. Storage events,
+    /// the retry timer, a spec change (generation) and adoption force one. Returns when to
+    /// retry.
+    async fn pass(&mut self, vmi: &VirtualMachineInstance) -> Option<Duration> {
+        let running = vmi.is_running();
+        let needed = self.force || vmi.metadata.generation != self.done_generation;
+        let retry = match &self.live {
+            Some(l) if running && needed => {
+                let bind = self.shared.bind_vm(&self.uid, l.process.pid, &self.run_dir);
+                let r = crate::hotplug::reconcile(&self.shared, vmi, &l.machine, bind.as_ref(), &mut self.volumes).await;
+                self.done_generation = vmi.metadata.generation;
+                self.force = false;
+                r
+            }
+            Some(_) if running => self.pending_retry,
+            _ => None,
+        };
+        self.pending_retry = retry;
+        retry
+    }
+
+    /// Sleeps until the next wake-up; `false` when the agent stops.
+    async fn wait(&mut self, retry: Option<Duration>, rx: &mut Versions, storage: &mut watch::Receiver<u64>) -> bool {
+        let exited = async {
+            match self.live.as_mut() {
+                Some(l) => {
+                    let _ = (&mut l.exited).await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let timer = async {
+            match retry {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let wake = tokio::select! {
+            changed = rx.changed() => if changed.is_ok() { Wake::Changed } else { Wake::AgentStopped },
+            Ok(()) = storage.changed() => Wake::Storage,
+            () = exited => Wake::Exited,
+            () = timer => Wake::Timer,
+        };
+        match wake {
+            Wake::Changed => {}
+            Wake::AgentStopped => return false,
+            // Storage and mount changes matter only to a VMI with volumes waiting for them: the
+            // others stay asleep (a pass costs QMP round trips).
+            Wake::Storage => self.force = self.force || self.volumes.waits(),
+            Wake::Exited => self.exited().await,
+            Wake::Timer => self.force = true,
+        }
+        true
+    }
+
+    /// QEMU exited: `Succeeded` after a guest power-off, else `Failed` with a `VMICrashed` Event.
+    async fn exited(&mut self) {
+        let Some(l) = self.live.take() else { return };
+        let by_guest = *l.guest_shutdown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(v) = &self.last {
+            if by_guest {
+                set_phase(&self.shared, v, VmiPhase::Succeeded, Some(VmiReason::GuestShutdown), "the guest powered off").await;
+            } else {
+                let msg = "QEMU exited without a guest shutdown (crash or killed); see serial.log in the VMI's run dir";
+                set_phase(&self.shared, v, VmiPhase::Failed, Some(VmiReason::QemuExited), msg).await;
+                crate::reasons::publish(&self.shared.client, v.as_ref(), EventReason::VmiCrashed, msg).await;
+            }
+        }
+        self.volumes = Volumes::default();
+    }
+}

@@ -1,0 +1,65 @@
+//! A VMI's phase as the agent sets it: the phase, its reason, and KubeVirt's `Ready` condition
+//! (`True` only when `Running`).
+
+use kube::api::Api;
+use kube::ResourceExt;
+
+use api::kubevirt::{Condition, VirtualMachineInstanceStatus};
+use api::phases::VmiPhase;
+use api::VirtualMachineInstance;
+
+use crate::config::Shared;
+use crate::reasons::VmiReason;
+
+/// The type of KubeVirt's VMI condition that says whether the VMI runs.
+const READY: &str = "Ready";
+
+/// Sets the VMI's phase, reason and `Ready` condition.
+pub(super) fn apply_phase(v: &mut VirtualMachineInstance, phase: VmiPhase, reason: Option<VmiReason>, message: &str) {
+    let s = v.status.get_or_insert_with(VirtualMachineInstanceStatus::default);
+    let ready = phase == VmiPhase::Running;
+    let c = Condition {
+        type_: READY.into(),
+        status: if ready { "True" } else { "False" }.into(),
+        reason: if ready { None } else { Some(reason.map_or_else(|| phase.as_str().to_owned(), |r| r.as_str().to_owned())) },
+        message: Some(message.to_owned()),
+        last_transition_time: Some(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+        ..Condition::default()
+    };
+    s.phase = Some(phase);
+    s.reason = reason.map(|r| r.as_str().to_owned());
+    match s.conditions.iter_mut().find(|x| x.type_ == READY) {
+        Some(x) if x.status == c.status => x.message = c.message.clone(),
+        Some(x) => *x = c,
+        None => s.conditions.push(c),
+    }
+}
+
+/// Writes the VMI's phase ([`apply_phase`]); a failure is logged.
+pub(super) async fn set_phase(shared: &Shared, vmi: &VirtualMachineInstance, phase: VmiPhase, reason: Option<VmiReason>, message: &str) {
+    let api: Api<VirtualMachineInstance> = Api::namespaced(shared.client.clone(), &vmi.namespace().unwrap_or_default());
+    let shown = phase.to_string();
+    let r =
+        client::update_status(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| apply_phase(v, phase.clone(), reason, message)).await;
+    if let Err(e) = r {
+        tracing::warn!("cannot set phase {shown}: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_is_true_only_when_running_and_names_the_reason_otherwise() {
+        let mut v = VirtualMachineInstance::new("v", Default::default());
+        apply_phase(&mut v, VmiPhase::Running, None, "QEMU is running");
+        let ready = |v: &VirtualMachineInstance| v.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == READY)).cloned();
+        assert_eq!(ready(&v).map(|c| (c.status, c.reason)), Some(("True".into(), None)));
+        apply_phase(&mut v, VmiPhase::Failed, Some(VmiReason::QemuExited), "QEMU exited");
+        let s = v.status.as_ref().map(|s| (s.phase.clone(), s.reason.clone()));
+        assert_eq!(s, Some((Some(VmiPhase::Failed), Some("QEMUExited".into()))));
+        assert_eq!(ready(&v).map(|c| (c.status, c.reason)), Some(("False".into(), Some("QEMUExited".into()))));
+        assert_eq!(v.status.as_ref().map(|s| s.conditions.len()), Some(1), "one Ready condition");
+    }
+}
