@@ -5,6 +5,7 @@ mod cli;
 mod growth_flags;
 mod import_flags;
 mod migrate;
+mod mode_flags;
 mod qemu_flags;
 mod serve;
 
@@ -15,9 +16,9 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "virtplug", version, about = "VMs with declarative volume hot-plug behind a Kubernetes-compatible API")]
 struct Cli {
-    /// Log format.
-    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
-    log_format: String,
+    /// Log format (every line carries the object it is about: the VM, claim or DataVolume).
+    #[arg(long, global = true, value_enum, default_value_t = mode_flags::LogFormat::Text)]
+    log_format: mode_flags::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -91,7 +92,7 @@ fn main() -> std::process::ExitCode {
         };
     }
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
+    init_logging(cli.log_format);
     // One crypto provider for every rustls user in the process (kube, the TLS listener).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -134,12 +135,12 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_logging(format: &str) {
+fn init_logging(format: mode_flags::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
+    match format {
+        // The JSON lines carry the spans (`span`, `spans`): the VM, claim or DataVolume.
+        mode_flags::LogFormat::Json => builder.json().init(),
+        mode_flags::LogFormat::Text => builder.init(),
     }
 }

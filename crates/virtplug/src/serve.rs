@@ -8,6 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use apiserver::health::Health;
 use clap::Args;
+
+use crate::mode_flags::{AccelFlag, AttachModeFlag};
 use tokio_util::sync::CancellationToken;
 
 /// Limits on the HTTPS listener's connections (what a client without the token can hold).
@@ -81,8 +83,8 @@ pub struct UpArgs {
     #[arg(long)]
     node_name: Option<String>,
     /// QEMU accelerator: auto (KVM where it can run guests, else TCG), kvm or tcg.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
-    accel: String,
+    #[arg(long, value_enum, default_value_t = AccelFlag::Auto)]
+    accel: AccelFlag,
     /// On SIGINT/SIGTERM also stop the running VMs. By default they keep running and the next
     /// `up` on the same data dir adopts them.
     #[arg(long)]
@@ -94,8 +96,8 @@ pub struct UpArgs {
     /// How hot-plugged volumes reach QEMU: `fd` (the agent opens the volume and passes the fd;
     /// nothing is mounted) or `bind-mount` (KubeVirt's way: bind mounts and device nodes in the
     /// VM's own mount namespace, block devices allowed in its cgroup v1 devices cgroup; root).
-    #[arg(long, default_value = "fd", value_parser = ["fd", "bind-mount"])]
-    attach_mode: String,
+    #[arg(long, value_enum, default_value_t = AttachModeFlag::Fd)]
+    attach_mode: AttachModeFlag,
     #[command(flatten)]
     connections: ConnectionArgs,
     #[command(flatten)]
@@ -181,28 +183,20 @@ pub struct NodeArgs {
     #[arg(long)]
     storage_root: Option<PathBuf>,
     /// QEMU accelerator: auto, kvm or tcg.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
-    accel: String,
+    #[arg(long, value_enum, default_value_t = AccelFlag::Auto)]
+    accel: AccelFlag,
     /// Nice value of the VMs' QEMU processes (see `virtplug up --help`).
     #[arg(long, default_value_t = 5)]
     vm_nice: i32,
     /// How hot-plugged volumes reach QEMU: `fd` (the agent opens the volume and passes the fd;
     /// nothing is mounted) or `bind-mount` (KubeVirt's way: bind mounts and device nodes in the
     /// VM's own mount namespace, block devices allowed in its cgroup v1 devices cgroup; root).
-    #[arg(long, default_value = "fd", value_parser = ["fd", "bind-mount"])]
-    attach_mode: String,
+    #[arg(long, value_enum, default_value_t = AttachModeFlag::Fd)]
+    attach_mode: AttachModeFlag,
     #[command(flatten)]
     caps: crate::growth_flags::CapsArgs,
     #[command(flatten)]
     qemu: crate::qemu_flags::QemuArgs,
-}
-
-fn attach_mode(s: &str) -> node::bindmount::AttachMode {
-    if s == "bind-mount" {
-        node::bindmount::AttachMode::BindMount
-    } else {
-        node::bindmount::AttachMode::Fd
-    }
 }
 
 /// The host name, for the default node name.
@@ -216,14 +210,6 @@ pub fn host_name() -> String {
     }
 }
 
-fn accel(s: &str) -> qemu::accel::Accel {
-    match s {
-        "kvm" => qemu::accel::Accel::Kvm,
-        "tcg" => qemu::accel::Accel::Tcg,
-        _ => qemu::accel::Accel::Auto,
-    }
-}
-
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     let client = crate::migrate::connect(args.kubeconfig).await?;
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
@@ -231,9 +217,9 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     if let Some(root) = args.storage_root {
         config.storage_root = root;
     }
-    config.accel = accel(&args.accel);
+    config.accel = args.accel.into();
     config.vm_nice = args.vm_nice;
-    config.mode = attach_mode(&args.attach_mode);
+    config.mode = args.attach_mode.into();
     config.caps = args.caps.caps();
     args.qemu.check(config.mode)?;
     args.qemu.apply(&mut config, &data_dir);
@@ -303,14 +289,14 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     config.connections = args.connections.limits()?;
     args.store.apply(&mut config);
     println!("virtplug up: checking prerequisites");
-    preflight(accel(&args.accel), attach_mode(&args.attach_mode))?;
-    args.qemu.check(attach_mode(&args.attach_mode))?;
+    preflight(args.accel.into(), args.attach_mode.into())?;
+    args.qemu.check(args.attach_mode.into())?;
     let up = UpOptions {
         node_name: args.node_name.unwrap_or_else(host_name),
-        accel: accel(&args.accel),
+        accel: args.accel.into(),
         stop_vms_on_exit: args.stop_vms_on_exit,
         vm_nice: args.vm_nice,
-        attach_mode: attach_mode(&args.attach_mode),
+        attach_mode: args.attach_mode.into(),
         import: args.import.config()?,
         caps: args.caps.caps(),
         qemu: args.qemu,

@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use api::phases::PrintableStatus;
 use api::{VirtualMachine, VirtualMachineInstance};
 use common::{vm, wait_until, TestServer};
 use futures::{StreamExt, TryStreamExt};
@@ -134,19 +135,19 @@ async fn status_subresource_separates_spec_and_status() {
     let st = json!({"status": {"printableStatus": "Running", "ready": true}, "spec": {"runStrategy": "Always"}});
     let after = api.patch_status("a", &PatchParams::default(), &Patch::Merge(&st)).await.unwrap();
     let status = after.status.unwrap();
-    assert_eq!(status.printable_status.as_deref(), Some("Running"));
+    assert_eq!(status.printable_status, Some(PrintableStatus::Running));
     assert_eq!(after.spec.run_strategy.as_deref(), Some("Halted"), "spec ignored on a status write");
     assert_eq!(after.metadata.generation, Some(1), "a status write is not a spec change");
 
     let p = json!({"status": {"printableStatus": "Stopped"}, "spec": {"runStrategy": "Always"}});
     let after = api.patch("a", &PatchParams::default(), &Patch::Merge(&p)).await.unwrap();
-    assert_eq!(after.status.unwrap().printable_status.as_deref(), Some("Running"), "status ignored on a main write");
+    assert_eq!(after.status.unwrap().printable_status, Some(PrintableStatus::Running), "status ignored on a main write");
     assert_eq!(after.metadata.generation, Some(2));
 
     let mut whole = api.get("a").await.unwrap();
-    whole.status.as_mut().unwrap().printable_status = Some("Stopping".into());
+    whole.status.as_mut().unwrap().printable_status = Some(PrintableStatus::Stopping);
     let replaced = api.replace_status("a", &PostParams::default(), &whole).await.unwrap();
-    assert_eq!(replaced.status.unwrap().printable_status.as_deref(), Some("Stopping"));
+    assert_eq!(replaced.status.unwrap().printable_status, Some(PrintableStatus::Stopping));
 }
 
 #[tokio::test]
@@ -374,7 +375,7 @@ async fn kube_runtime_controller_reconciles_against_the_server() {
     // A toy controller: every VM gets status.printableStatus = Stopped.
     let reconcile = |vm: Arc<VirtualMachine>, api: Arc<Api<VirtualMachine>>| async move {
         let name = vm.metadata.name.clone().unwrap();
-        if vm.status.as_ref().and_then(|s| s.printable_status.as_deref()) != Some("Stopped") {
+        if vm.status.as_ref().and_then(|s| s.printable_status.as_ref()) != Some(&PrintableStatus::Stopped) {
             api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": {"printableStatus": "Stopped"}}))).await?;
         }
         Ok::<_, kube::Error>(kube::runtime::controller::Action::await_change())
@@ -385,7 +386,7 @@ async fn kube_runtime_controller_reconciles_against_the_server() {
     let handle = tokio::spawn(ctl);
     wait_until(Duration::from_secs(10), "both VMs reconciled", || async {
         let l = api.list(&ListParams::default()).await.unwrap();
-        l.items.iter().all(|v| v.status.as_ref().and_then(|s| s.printable_status.as_deref()) == Some("Stopped")).then_some(())
+        l.items.iter().all(|v| v.status.as_ref().and_then(|s| s.printable_status.as_ref()) == Some(&PrintableStatus::Stopped)).then_some(())
     })
     .await;
     handle.abort();

@@ -69,16 +69,23 @@ impl Up {
             .stderr(log)
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        loop {
-            let l = lines.next().expect("up printed its URL").unwrap();
-            if l.contains("is serving the Kubernetes API at") {
-                break;
-            }
-        }
-        // Keep draining stdout so `up` never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let serving = lines.by_ref().map_while(Result::ok).any(|l| l.contains("is serving the Kubernetes API at"));
+            let _ = tx.send(serving);
+            // Keep draining stdout so `up` never blocks on a full pipe.
+            for _ in lines {}
+        });
         self.child = Some(child);
+        if rx.recv_timeout(Duration::from_secs(60)) != Ok(true) {
+            self.kill9();
+            panic!(
+                "{args:?} printed no URL within 60 s; stderr:\n{}",
+                std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+            );
+        }
     }
 
     /// SIGINT to the process started last, then its exit (with a deadline); its stderr so far.
@@ -139,7 +146,7 @@ impl Up {
             "spec": {"runStrategy": "Always", "template": {"spec": {
                 "terminationGracePeriodSeconds": 1,
                 "domain": {"resources": {"requests": {"memory": "200Mi"}}, "devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}]},
-                           "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off",
+                           "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable",
                                "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}}}}}});
         std::fs::write(&manifest, vm.to_string()).unwrap();
         self.kubectl(&["apply", "-f", manifest.to_str().unwrap()]);

@@ -179,7 +179,7 @@ impl Agent {
         vmis.patch_status(name, &PatchParams::default(), &Patch::Merge(st)).await.unwrap();
         common::wait_until(T, &format!("VMI {name} Failed"), || {
             let vmis = vmis.clone();
-            async move { vmis.get(name).await.ok().filter(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")) }
+            async move { vmis.get(name).await.ok().filter(|v| v.phase() == Some(&api::phases::VmiPhase::Failed)) }
         })
         .await
     }

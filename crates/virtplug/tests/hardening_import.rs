@@ -78,7 +78,12 @@ impl Env {
         let dvs = self.dvs.clone();
         common::wait_until(T, &format!("DataVolume {name} to be {phase}"), || {
             let dvs = dvs.clone();
-            async move { dvs.get(name).await.ok().filter(|d| d.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase)) }
+            async move {
+                dvs.get(name)
+                    .await
+                    .ok()
+                    .filter(|d| d.status.as_ref().and_then(|s| s.phase.as_ref()).map(api::phases::DataVolumePhase::as_str) == Some(phase))
+            }
         })
         .await
     }

@@ -102,9 +102,7 @@ async fn a_host_file_outside_the_allowed_dirs_never_reaches_qemu() {
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(s.client.clone(), "default");
     let failed = common::wait_until(Duration::from_secs(60), "the VMI to fail to launch", || {
         let vmis = vmis.clone();
-        async move {
-            vmis.get_opt("shadow").await.ok().flatten().filter(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
-        }
+        async move { vmis.get_opt("shadow").await.ok().flatten().filter(|v| v.phase() == Some(&api::phases::VmiPhase::Failed)) }
     })
     .await;
     let status = serde_json::to_value(&failed.status).unwrap();

@@ -14,6 +14,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
+use api::phases::{DataVolumePhase, PrintableStatus, VolumePhase, VolumeReason};
 use api::{VirtualMachine, VirtualMachineInstance};
 
 const T: Duration = Duration::from_secs(20);
@@ -68,7 +69,12 @@ impl Env {
         let vms = self.vms.clone();
         common::wait_until(T, &format!("VM {name} to be {want}"), || {
             let vms = vms.clone();
-            async move { vms.get(name).await.ok().filter(|v| v.status.as_ref().and_then(|s| s.printable_status.as_deref()) == Some(want)) }
+            async move {
+                vms.get(name)
+                    .await
+                    .ok()
+                    .filter(|v| v.status.as_ref().and_then(|s| s.printable_status.as_ref()).map(PrintableStatus::as_str) == Some(want))
+            }
         })
         .await
     }
@@ -77,11 +83,7 @@ impl Env {
         let vmis = self.vmis.clone();
         common::wait_until(T, &format!("VMI {name} to run"), || {
             let vmis = vmis.clone();
-            async move {
-                vmis.get_opt(name).await.ok().flatten().filter(|v| {
-                    v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && v.metadata.deletion_timestamp.is_none()
-                })
-            }
+            async move { vmis.get_opt(name).await.ok().flatten().filter(|v| v.is_running() && v.metadata.deletion_timestamp.is_none()) }
         })
         .await
     }
@@ -139,11 +141,11 @@ async fn always_starts_a_scheduled_owned_vmi_and_stop_start_restart_work() {
             let vmis = e.vmis.clone();
             let old = second.uid();
             async move {
-                vmis.get_opt("a").await.ok().flatten().filter(|v| {
-                    v.uid() != old
-                        && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                        && v.metadata.deletion_timestamp.is_none()
-                })
+                vmis.get_opt("a")
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|v| v.uid() != old && v.is_running() && v.metadata.deletion_timestamp.is_none())
             }
         })
         .await
@@ -195,13 +197,7 @@ async fn manual_rerun_once_and_the_legacy_running_field() {
     let r2 = common::wait_until(T, "the failed VMI to be replaced", || {
         let vmis = e.vmis.clone();
         let old = r1.uid();
-        async move {
-            vmis.get_opt("r")
-                .await
-                .ok()
-                .flatten()
-                .filter(|v| v.uid() != old && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        }
+        async move { vmis.get_opt("r").await.ok().flatten().filter(|v| v.uid() != old && v.is_running()) }
     })
     .await;
     e.set_phase("r", "Succeeded").await;
@@ -212,13 +208,7 @@ async fn manual_rerun_once_and_the_legacy_running_field() {
     common::wait_until(T, "a re-run VMI", || {
         let vmis = e.vmis.clone();
         let old = r2.uid();
-        async move {
-            vmis.get_opt("r")
-                .await
-                .ok()
-                .flatten()
-                .filter(|v| v.uid() != old && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        }
+        async move { vmis.get_opt("r").await.ok().flatten().filter(|v| v.uid() != old && v.is_running()) }
     })
     .await;
 
@@ -318,23 +308,17 @@ async fn a_vm_waits_for_its_volumes_and_restart_keeps_a_pending_hotplug() {
         async move {
             let v = vmis.get("w").await.ok()?;
             let st = v.status.as_ref()?.volume_status.iter().find(|s| s.name == "hp")?.clone();
-            (st.phase.as_deref() == Some("Pending")).then_some((v, st))
+            (st.phase == Some(VolumePhase::Pending)).then_some((v, st))
         }
     })
     .await;
-    assert_eq!(pending.1.reason.as_deref(), Some("PVCNotReady"));
+    assert_eq!(pending.1.reason, Some(VolumeReason::PvcNotReady));
     assert!(pending.1.extra.contains_key("phaseTransitionTimestamps"));
     assert_eq!(e.sub("w", "restart", json!({})).await.0, 202);
     let restarted = common::wait_until(T, "the restarted VMI", || {
         let vmis = e.vmis.clone();
         let old = pending.0.uid();
-        async move {
-            vmis.get_opt("w")
-                .await
-                .ok()
-                .flatten()
-                .filter(|v| v.uid() != old && v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        }
+        async move { vmis.get_opt("w").await.ok().flatten().filter(|v| v.uid() != old && v.is_running()) }
     })
     .await;
     assert!(restarted.spec.volumes.iter().any(|v| v.name == "hp"), "the pending hot-plug is in the new VMI");
@@ -347,7 +331,7 @@ async fn a_vm_waits_for_its_volumes_and_restart_keeps_a_pending_hotplug() {
         async move {
             let v = vmis.get("w").await.ok()?;
             let st = v.status?.volume_status.into_iter().find(|s| s.name == "hp")?;
-            (st.phase.as_deref() == Some("Bound") && st.persistent_volume_claim_info.is_some()).then_some(())
+            (st.phase == Some(VolumePhase::Bound) && st.persistent_volume_claim_info.is_some()).then_some(())
         }
     })
     .await;
@@ -477,7 +461,11 @@ async fn data_volume_templates_are_provisioned_before_the_vm_starts() {
     let dv = common::wait_until(T, "the DataVolume to succeed", || {
         let dvs = dvs.clone();
         async move {
-            dvs.get_opt("p-root").await.ok().flatten().filter(|d| d.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+            dvs.get_opt("p-root")
+                .await
+                .ok()
+                .flatten()
+                .filter(|d| d.status.as_ref().and_then(|s| s.phase.as_ref()) == Some(&DataVolumePhase::Succeeded))
         }
     })
     .await;
@@ -543,7 +531,7 @@ async fn an_entry_the_agent_created_first_gets_its_claim_info_and_keeps_the_agen
 
     controller::hotplug::report_claims(&s.client, &vmis.get("qq").await.unwrap()).await.unwrap();
     let st = vmis.get("qq").await.unwrap().status.unwrap().volume_status.remove(0);
-    assert_eq!((st.phase.as_deref(), st.message.as_deref()), (Some("AttachedToNode"), Some("opened /x/disk.img")), "the agent's");
+    assert_eq!((st.phase, st.message.as_deref()), (Some(VolumePhase::AttachedToNode), Some("opened /x/disk.img")), "the agent's");
     let info = st.persistent_volume_claim_info.expect("the claim info is filled in");
     assert_eq!(info.claim_name.as_deref(), Some("quick"));
     let rev = s.revision();

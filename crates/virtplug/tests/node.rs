@@ -19,6 +19,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
+use api::phases::VolumePhase;
 use api::{VirtualMachine, VirtualMachineInstance};
 
 const BOOT: Duration = Duration::from_secs(120);
@@ -174,16 +175,14 @@ impl Env {
             "spec": {"runStrategy": "Always", "template": {"spec": {
                 "terminationGracePeriodSeconds": 1,
                 "domain": {"resources": {"requests": {"memory": "256Mi"}}, "devices": {"disks": []},
-                           "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off",
+                           "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable",
                                "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}},
                 "volumes": []}}}});
         self.vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
         let vmis = self.vmis.clone();
         let vmi = common::wait_until(BOOT, &format!("VMI {name} running"), || {
             let vmis = vmis.clone();
-            async move {
-                vmis.get_opt(name).await.ok().flatten().filter(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            }
+            async move { vmis.get_opt(name).await.ok().flatten().filter(VirtualMachineInstance::is_running) }
         })
         .await;
         self.see(&vmi, "the guest ready", |l| l.starts_with("VP-READY")).await;
@@ -212,12 +211,12 @@ impl Env {
         self.vms.patch(name, &PatchParams::default(), &Patch::Json::<()>(serde_json::from_value(ops).unwrap())).await.unwrap();
     }
 
-    async fn volume_status(&self, name: &str, volume: &str, phase: &str) -> api::kubevirt::VolumeStatus {
+    async fn volume_status(&self, name: &str, volume: &str, phase: VolumePhase) -> api::kubevirt::VolumeStatus {
         let vmis = self.vmis.clone();
         common::wait_until(SEE, &format!("volume {volume} {phase}"), || {
-            let vmis = vmis.clone();
+            let (vmis, phase) = (vmis.clone(), phase.clone());
             async move {
-                vmis.get(name).await.ok()?.status?.volume_status.into_iter().find(|v| v.name == volume && v.phase.as_deref() == Some(phase))
+                vmis.get(name).await.ok()?.status?.volume_status.into_iter().find(|v| v.name == volume && v.phase.as_ref() == Some(&phase))
             }
         })
         .await
@@ -308,14 +307,18 @@ async fn filesystem_and_block_claims_plug_into_a_running_guest_and_unplug() {
 
     // volumeStatus walked Bound → AttachedToNode → MountedToPod (block node in QEMU) → Ready,
     // with a timestamp per phase.
-    let st = e.volume_status("guest", "fsdata", "Ready").await;
-    let (bound, attached, ready) = (st.entered("Bound").unwrap(), st.entered("AttachedToNode").unwrap(), st.entered("Ready").unwrap());
-    let mounted = st.entered("MountedToPod").unwrap();
+    let st = e.volume_status("guest", "fsdata", VolumePhase::Ready).await;
+    let (bound, attached, ready) = (
+        st.entered(&VolumePhase::Bound).unwrap(),
+        st.entered(&VolumePhase::AttachedToNode).unwrap(),
+        st.entered(&VolumePhase::Ready).unwrap(),
+    );
+    let mounted = st.entered(&VolumePhase::MountedToPod).unwrap();
     assert!(bound <= attached && attached <= mounted && mounted <= ready, "{st:?}");
-    assert_eq!(st.reason.as_deref(), Some("VolumeReady"));
+    assert_eq!(st.reason, Some(api::phases::VolumeReason::VolumeReady));
     assert_eq!(st.persistent_volume_claim_info.as_ref().unwrap().claim_name.as_deref(), Some("fsdata"));
     if block {
-        e.volume_status("guest", "blkdata", "Ready").await;
+        e.volume_status("guest", "blkdata", VolumePhase::Ready).await;
     }
 
     // Removed from the spec: the guest loses them, the entries go with a VolumeUnplugged Event.
@@ -383,7 +386,7 @@ async fn a_new_agent_adopts_running_vms_and_catches_up() {
 
     e.start_agent();
     e.see(&vmi, "the volume added while the agent was down", |l| l.starts_with("BLOCK+") && l.contains("id=serial.late")).await;
-    e.volume_status("keep", "late", "Ready").await;
+    e.volume_status("keep", "late", VolumePhase::Ready).await;
     let qemu_after = qemu::process::adopt(&e.run_dir(&vmi)).unwrap();
     assert_eq!(qemu_after.pid, qemu_before.pid, "the same QEMU, adopted");
     assert_eq!(e.lines(&vmi).iter().filter(|l| l.starts_with("VP-READY")).count(), 1, "the guest never rebooted");
@@ -495,7 +498,7 @@ async fn a_volume_whose_storage_appears_late_attaches_on_the_watch_event_without
     let vmi = e.vm("late").await;
     let forks = common::forks::ForkCounter::start(std::process::id());
     e.add("late", "later", "later").await;
-    let waiting = e.volume_status("late", "later", "Pending").await;
+    let waiting = e.volume_status("late", "later", VolumePhase::Pending).await;
     assert!(waiting.message.as_deref().unwrap_or("").contains("later"), "{waiting:?}");
     let m = node::metrics::get();
     assert_eq!(m.waiting.get(), 1, "the metrics count the waiting volume");
@@ -504,7 +507,7 @@ async fn a_volume_whose_storage_appears_late_attaches_on_the_watch_event_without
     tokio::time::sleep(Duration::from_secs(5)).await;
     e.claim("later", "16Mi", "Filesystem").await;
     e.see(&vmi, "the late disk in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.later")).await;
-    e.volume_status("late", "later", "Ready").await;
+    e.volume_status("late", "later", VolumePhase::Ready).await;
     assert_eq!(node::metrics::get().waiting.get(), 0, "no volume waits once it is Ready");
     assert_eq!(
         forks.count(),
@@ -543,7 +546,7 @@ async fn a_symlinked_disk_image_is_refused_with_the_reason() {
                 .status?
                 .volume_status
                 .into_iter()
-                .find(|v| v.name == "evil" && v.reason.as_deref() == Some("HotplugFailed"))
+                .find(|v| v.name == "evil" && v.reason == Some(api::phases::VolumeReason::HotplugFailed))
         }
     })
     .await;
@@ -653,7 +656,7 @@ async fn killing_the_agent_at_random_points_loses_and_leaks_nothing() {
         async move {
             let st = vmis.get("chaos").await.ok()?.status?.volume_status;
             let names: std::collections::BTreeSet<String> = st.iter().map(|v| v.name.clone()).collect();
-            (names == want && st.iter().all(|v| v.phase.as_deref() == Some("Ready"))).then_some(())
+            (names == want && st.iter().all(|v| v.phase == Some(VolumePhase::Ready))).then_some(())
         }
     })
     .await;
@@ -709,25 +712,22 @@ async fn an_imported_iso_becomes_the_medium_of_the_empty_cdrom_drive_and_is_ejec
         "spec": {"runStrategy": "Always", "template": {"spec": {
             "terminationGracePeriodSeconds": 1,
             "domain": {"resources": {"requests": {"memory": "256Mi"}}, "devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}]},
-                       "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off",
+                       "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable",
                            "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}}}}}});
     e.vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
     let vmis = e.vmis.clone();
-    let vmi =
-        common::wait_until(BOOT, "VMI cd running", || {
-            let vmis = vmis.clone();
-            async move {
-                vmis.get_opt("cd").await.ok().flatten().filter(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            }
-        })
-        .await;
+    let vmi = common::wait_until(BOOT, "VMI cd running", || {
+        let vmis = vmis.clone();
+        async move { vmis.get_opt("cd").await.ok().flatten().filter(VirtualMachineInstance::is_running) }
+    })
+    .await;
     e.see(&vmi, "the guest ready", |l| l.starts_with("VP-READY")).await;
 
     e.patch_vm("cd", json!([{"op": "add", "path": "/spec/template/spec/volumes", "value": [{"name": "cd0", "dataVolume": {"name": "iso", "hotpluggable": true}}]}])).await;
     let line = e.see(&vmi, "the medium in the guest", |l| l.starts_with("MEDIA") && l.contains(" in ")).await;
     assert!(line.contains(&hex(&iso[..16])), "the ISO's first bytes: {line}");
-    let st = e.volume_status("cd", "cd0", "Ready").await;
-    assert!(st.entered("Ready").is_some());
+    let st = e.volume_status("cd", "cd0", VolumePhase::Ready).await;
+    assert!(st.entered(&VolumePhase::Ready).is_some());
 
     e.patch_vm("cd", json!([{"op": "remove", "path": "/spec/template/spec/volumes"}])).await;
     // The drive reported "out" at boot too: the eject is an "out" after the "in".
@@ -865,8 +865,12 @@ async fn bind_mode_scenario(hierarchy: &Path) {
 
     // volumeStatus walks AttachedToNode → MountedToPod → Ready.
     for v in ["fsdata", "blkdata"] {
-        let st = e.volume_status("guest", v, "Ready").await;
-        let (a, m, r) = (st.entered("AttachedToNode").unwrap(), st.entered("MountedToPod").unwrap(), st.entered("Ready").unwrap());
+        let st = e.volume_status("guest", v, VolumePhase::Ready).await;
+        let (a, m, r) = (
+            st.entered(&VolumePhase::AttachedToNode).unwrap(),
+            st.entered(&VolumePhase::MountedToPod).unwrap(),
+            st.entered(&VolumePhase::Ready).unwrap(),
+        );
         assert!(a <= m && m <= r, "{st:?}");
     }
     // The bind mount exists in QEMU's namespace and not on the host; the block node is a
@@ -958,7 +962,7 @@ async fn a_change_of_the_mount_table_wakes_a_waiting_volume_at_once() {
     e.restart_agent_without_retries().await;
     e.vm("mnt").await;
     e.add("mnt", "absent", "absent").await;
-    let st = e.volume_status("mnt", "absent", "Pending").await;
+    let st = e.volume_status("mnt", "absent", VolumePhase::Pending).await;
     assert!(st.message.as_deref().unwrap_or("").contains("absent"), "{st:?}");
     let attempts = node::metrics::get().attempts.get();
 
@@ -1054,7 +1058,7 @@ async fn in_cluster_mode_a_volume_is_opened_inside_its_attachment_pod() {
     // KubeVirt's virt-controller publishes `attachPodUID` once the attachment pod runs.
     e.kill_agent().await;
     e.add("cluster", "podvol", "podvol").await;
-    e.volume_status("cluster", "podvol", "Bound").await;
+    e.volume_status("cluster", "podvol", VolumePhase::Bound).await;
     client::update_status(&e.vmis, "cluster", |v: &mut VirtualMachineInstance| {
         if let Some(st) = v.status.as_mut().and_then(|s| s.volume_status.iter_mut().find(|x| x.name == "podvol")) {
             st.hotplug_volume.get_or_insert_with(Default::default).attach_pod_uid = Some(pod_uid.to_owned());
@@ -1065,6 +1069,6 @@ async fn in_cluster_mode_a_volume_is_opened_inside_its_attachment_pod() {
     e.start_agent();
     let line = e.see(&vmi, "the pod's disk in the guest", |l| l.starts_with("BLOCK+") && l.contains("id=serial.podvol")).await;
     assert!(line.contains(&hex(b"VP-FROM-THE-POD1")), "the bytes come from inside the pod: {line}");
-    let st = e.volume_status("cluster", "podvol", "Ready").await;
+    let st = e.volume_status("cluster", "podvol", VolumePhase::Ready).await;
     assert_eq!(st.hotplug_volume.unwrap().attach_pod_uid.as_deref(), Some(pod_uid));
 }

@@ -91,7 +91,12 @@ impl Env {
         let dvs = self.dvs.clone();
         common::wait_until(T, &format!("DataVolume {name} to be {phase}"), || {
             let dvs = dvs.clone();
-            async move { dvs.get(name).await.ok().filter(|d| d.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase)) }
+            async move {
+                dvs.get(name)
+                    .await
+                    .ok()
+                    .filter(|d| d.status.as_ref().and_then(|s| s.phase.as_ref()).map(api::phases::DataVolumePhase::as_str) == Some(phase))
+            }
         })
         .await
     }
@@ -229,7 +234,7 @@ async fn an_http_import_shows_progress_and_lands_byte_for_byte_in_the_claim() {
                     seen.push(p);
                 }
             }
-            (st.phase.as_deref() == Some("Succeeded")).then_some(dv)
+            (st.phase == Some(api::phases::DataVolumePhase::Succeeded)).then_some(dv)
         }
     })
     .await;

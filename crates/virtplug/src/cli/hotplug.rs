@@ -9,6 +9,7 @@ use clap::Args;
 use kube::api::Api;
 use serde_json::{json, Value};
 
+use api::phases::{VolumePhase, VolumeReason};
 use api::VirtualMachineInstance;
 
 use super::{connect, follow, humantime, report, subresource, Common};
@@ -170,11 +171,11 @@ async fn wait_volume(
         let Some(e) = entry else {
             return Ok((!plugged && !in_spec).then_some(None));
         };
-        let key = format!("{}/{}", e.phase.clone().unwrap_or_default(), e.reason.clone().unwrap_or_default());
-        if seen.insert(key.clone(), ()).is_none() && e.reason.as_deref() == Some("HotplugFailed") {
+        let key = format!("{}/{}", e.phase.as_ref().map_or("", VolumePhase::as_str), e.reason.as_ref().map_or("", VolumeReason::as_str));
+        if seen.insert(key.clone(), ()).is_none() && e.reason == Some(VolumeReason::HotplugFailed) {
             eprintln!("volume {volume}: {} ({})", key, e.message.clone().unwrap_or_default());
         }
-        Ok((plugged && e.phase.as_deref() == Some("Ready")).then_some(Some(e)))
+        Ok((plugged && e.phase == Some(VolumePhase::Ready)).then_some(Some(e)))
     })
     .await
     .context("watch the VMI")?;
@@ -183,7 +184,11 @@ async fn wait_volume(
         None => {
             let state = last.map_or_else(
                 || "no status yet".to_owned(),
-                |e| format!("{} {}: {}", e.phase.unwrap_or_default(), e.reason.unwrap_or_default(), e.message.unwrap_or_default()),
+                |e| {
+                    let (phase, reason) =
+                        (e.phase.as_ref().map_or("", VolumePhase::as_str), e.reason.as_ref().map_or("", VolumeReason::as_str));
+                    format!("{phase} {reason}: {}", e.message.unwrap_or_default())
+                },
             );
             bail!("volume {volume} of VM {vm}: not {} after {timeout:?} ({state})", if plugged { "Ready" } else { "unplugged" });
         }

@@ -40,7 +40,7 @@ pub(crate) fn humantime(s: &str) -> Result<Duration, String> {
     let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a duration (e.g. 90s, 5m)"))?;
     match unit {
         "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
+        "m" => n.checked_mul(60).map(Duration::from_secs).ok_or_else(|| format!("{s:?} is too long a duration")),
         "ms" => Ok(Duration::from_millis(n)),
         _ => Err(format!("{s:?}: use s, m or ms")),
     }
@@ -155,5 +155,18 @@ where
     match timeout {
         Some(d) => tokio::time::timeout(d, run).await.unwrap_or(Ok(None)),
         None => run.await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--import-deadline 18446744073709551615m` multiplied into an overflow (a panic in a
+    /// debug build, a wrong deadline in release).
+    #[test]
+    fn a_duration_too_long_is_an_error_not_an_overflow() {
+        assert_eq!(humantime("2m"), Ok(Duration::from_secs(120)));
+        assert!(humantime("18446744073709551615m").unwrap_err().contains("too long"));
     }
 }

@@ -86,7 +86,8 @@ fn vm_rows(vms: &[(VirtualMachine, Option<VirtualMachineInstance>)]) -> Vec<Vec<
                 .as_ref()
                 .map(|s| s.volumes.iter().map(|v| v.name.clone()).collect::<Vec<_>>().join(","))
                 .unwrap_or_default();
-            vec![vm.name_any(), st.printable_status.unwrap_or_default(), st.ready.unwrap_or(false).to_string(), node, vols]
+            let printable = st.printable_status.as_ref().map_or("", api::phases::PrintableStatus::as_str).to_owned();
+            vec![vm.name_any(), printable, st.ready.unwrap_or(false).to_string(), node, vols]
         })
         .collect()
 }

@@ -9,6 +9,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
+use api::phases::DataVolumePhase;
 use api::DataVolume;
 
 use super::{api_err, connect, follow, print_objects, print_one, report, Common};
@@ -60,7 +61,7 @@ pub async fn volume(cmd: Volume, c: Common) -> anyhow::Result<()> {
             pvcs.create(&PostParams::default(), &pvc).await.map_err(api_err("create the claim"))?;
             if wait {
                 let bound = follow(&pvcs, &name, Some(Duration::from_secs(60)), |p| {
-                    Ok(p.is_some_and(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).then_some(()))
+                    Ok(p.is_some_and(api::phases::ClaimPhase::is_bound).then_some(()))
                 })
                 .await
                 .context("watch the claim")?;
@@ -128,7 +129,7 @@ async fn follow_import(dvs: &Api<DataVolume>, name: &str, bar: bool) -> anyhow::
     let outcome = follow(dvs, name, None, |dv| {
         let Some(dv) = dv else { bail!("DataVolume {name} was deleted during its import") };
         let st = dv.status.clone().unwrap_or_default();
-        let phase = st.phase.clone().unwrap_or_else(|| "Pending".into());
+        let phase = st.phase.clone().unwrap_or(DataVolumePhase::Pending);
         let progress = st.progress.clone().unwrap_or_else(|| "N/A".into());
         let line = format!("{name}: {phase} {progress}");
         if bar && line != last {
@@ -139,9 +140,9 @@ async fn follow_import(dvs: &Api<DataVolume>, name: &str, bar: bool) -> anyhow::
             eprint!("\r[{}{}] {line:<50}", "#".repeat(filled), " ".repeat(30 - filled));
             last = line;
         }
-        Ok(match phase.as_str() {
-            "Succeeded" => Some(Ok(dv.clone())),
-            "Failed" => {
+        Ok(match phase {
+            DataVolumePhase::Succeeded => Some(Ok(dv.clone())),
+            DataVolumePhase::Failed => {
                 let why = st.conditions.iter().find(|c| c.type_ == "Running").and_then(|c| c.message.clone()).unwrap_or_default();
                 Some(Err(anyhow::anyhow!("import of {name} failed: {why}")))
             }

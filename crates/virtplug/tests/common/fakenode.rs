@@ -3,6 +3,7 @@
 //! removal of the VMI finalizer — without starting anything. Tests that need a guest use the
 //! real node agent.
 
+use api::phases::VmiPhase;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -36,7 +37,6 @@ pub async fn start(client: &kube::Client, name: &str) -> FakeNode {
         let mut stream = watcher(vmis, cfg).default_backoff().applied_objects().boxed();
         while let Some(Ok(vmi)) = stream.next().await {
             let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &vmi.namespace().unwrap_or_default());
-            let phase = vmi.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
             if vmi.metadata.deletion_timestamp.is_some() {
                 let _ = client::update(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
                     if let Some(f) = v.metadata.finalizers.as_mut() {
@@ -44,9 +44,9 @@ pub async fn start(client: &kube::Client, name: &str) -> FakeNode {
                     }
                 })
                 .await;
-            } else if phase == "Scheduled" {
+            } else if vmi.phase() == Some(&VmiPhase::Scheduled) {
                 let _ = client::update_status(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
-                    v.status.get_or_insert_with(Default::default).phase = Some("Running".into());
+                    v.status.get_or_insert_with(Default::default).phase = Some(VmiPhase::Running);
                 })
                 .await;
             }
