@@ -21,10 +21,24 @@ use crate::status::ApiError;
 
 /// Parses the body of a create or update: YAML when the content type says so, JSON otherwise.
 ///
+/// Kubernetes' protobuf is decoded by [`crate::protobuf`] for the kinds that have a decoder.
+///
 /// # Errors
+/// 415 for CBOR and for protobuf of a kind without a decoder (kube-apiserver's answer to a type
+/// it does not decode; client-go then falls back to JSON for CBOR, not for protobuf).
 /// 400 for an empty body, a body that does not parse, is not an object, or (YAML) expands past
 /// the limits.
 pub fn parse_object(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    if crate::protobuf::is_protobuf(media) {
+        return crate::protobuf::decode_object(body);
+    }
+    if media.contains("protobuf") || media.contains("cbor") {
+        return Err(ApiError::unsupported_media(format!(
+            "the body of the request was in an unknown format ({media}) - accepted media types include: {}",
+            crate::protobuf::ACCEPTED
+        )));
+    }
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty; send the object as JSON or YAML"));
     }

@@ -10,22 +10,23 @@
 //!   gets; [`target`]: what a resource path names); the handlers: [`discovery`] (the endpoints
 //!   that are not objects, [`openapi`]), [`verbs`] (on resources: [`list`], [`watch`],
 //!   [`table`]), [`subresources`] (KubeVirt's `addvolume`, `start`, ...); [`reply`]: answers.
-//! - [`query`], [`body`], [`patch`], [`selectors`], [`labels`]: parsing and checking what a
-//!   request sends; [`limits`]: every bound on a request and a stored object; [`fuzzing`]: fuzz
+//! - [`query`], [`body`] ([`protobuf`] for Kubernetes' binary encoding), [`patch`],
+//!   [`selectors`], [`labels`]: parsing and checking what a request sends; [`kinds`]: rules of
+//!   core kinds beyond the generic verbs (Secret); [`limits`]: every bound on a request and a stored object; [`fuzzing`]: fuzz
 //!   entry points.
 //! - [`gc`]: owner-reference and namespace garbage collection.
 //! - [`pki`]: CA, serving certificate and token, created on first start; [`files`]: the data
-//!   dir's ownership and modes.
-//! - [`conn`]: connection limits and timeouts; [`health`]: `/readyz` over the long-lived tasks.
+//!   dir's ownership and modes; [`conn`]: connection limits and timeouts (all three from
+//!   [`tlsserve`], shared with the Redfish service); [`health`]: `/readyz` over the long-lived
+//!   tasks.
 
 pub mod body;
 pub mod call;
-pub mod conn;
 pub mod discovery;
-pub mod files;
 pub mod fuzzing;
 pub mod gc;
 pub mod health;
+pub mod kinds;
 pub mod labels;
 pub mod limits;
 pub mod list;
@@ -33,7 +34,7 @@ pub mod metrics;
 pub mod objects;
 pub mod openapi;
 pub mod patch;
-pub mod pki;
+pub mod protobuf;
 pub mod query;
 pub mod registry;
 #[cfg(test)]
@@ -69,6 +70,7 @@ use tracing::Instrument;
 pub use health::{GARBAGE_COLLECTOR, STORE_WRITER};
 pub use objects::Objects;
 pub use store::{Store, StoreConfig};
+pub use tlsserve::{conn, files, pki};
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +86,7 @@ pub enum ServerError {
     #[error("opening the data dir did not finish (its blocking task panicked or was cancelled)")]
     Open(#[source] tokio::task::JoinError),
     #[error("the TLS configuration is invalid")]
-    Tls(#[source] rustls::Error),
+    Tls(#[source] tlsserve::TlsError),
     #[error("cannot listen on {addr}")]
     Listen {
         addr: SocketAddr,
@@ -137,12 +139,17 @@ pub struct Server {
     connections: conn::Limits,
 }
 
+/// Namespaces created at start when missing: Kubernetes' `default` and `kube-system`, and
+/// `virtplug-system`, where virtplug's own components keep their objects (the Redfish
+/// service's accounts, as Secrets).
+pub const BUILTIN_NAMESPACES: [&str; 3] = ["default", "kube-system", "virtplug-system"];
+
 /// The Kubernetes version this server reports (kubectl's dispatcher picks its binary by it).
 pub const GIT_VERSION: &str = "v1.33.0+virtplug";
 
 impl Server {
     /// Opens the store in the data dir, creates credentials on first start, makes sure the
-    /// `default` namespace exists and starts the garbage collector.
+    /// [`BUILTIN_NAMESPACES`] exist and starts the garbage collector.
     ///
     /// The data dir must belong to this user; it and `pki/` are made 0700, the store's files
     /// 0600 (see [`files`]). The garbage collector and the store's writer thread are watched by
@@ -167,7 +174,7 @@ impl Server {
         }
         let objects = Objects { store, enforce_invariants: config.enforce_invariants };
         let nsdef = registry::find("", "v1", "namespaces");
-        for (ns, nsdef) in ["default", "kube-system"].into_iter().filter_map(|ns| nsdef.map(|d| (ns, d))) {
+        for (ns, nsdef) in BUILTIN_NAMESPACES.into_iter().filter_map(|ns| nsdef.map(|d| (ns, d))) {
             if objects.store.get(&nsdef.key(None, ns)).is_none() {
                 let _ = objects.create(nsdef, None, json!({"metadata": {"name": ns}}), false).await;
             }
@@ -263,22 +270,23 @@ impl Server {
     /// # Errors
     /// When the TLS configuration cannot be built from the credentials.
     pub async fn serve_tls(&self, listener: TcpListener, shutdown: CancelToken) -> Result<(), ServerError> {
-        let tls = self.tls_config()?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-        conn::serve(listener, acceptor, self.router(), self.connections.clone(), shutdown).await;
+        let tls = tlsserve::server_config(&self.credentials.cert_pem, &self.credentials.key_pem).map_err(ServerError::Tls)?;
+        conn::serve_with_refusal(listener, self.router(), Arc::new(tls), self.connections.clone(), shutdown, refusal()).await;
         Ok(())
     }
+}
 
-    fn tls_config(&self) -> Result<rustls::ServerConfig, ServerError> {
-        let certs: Vec<_> = rustls_pemfile::certs(&mut self.credentials.cert_pem.as_bytes()).filter_map(Result::ok).collect();
-        let key = rustls_pemfile::private_key(&mut self.credentials.key_pem.as_bytes())
-            .ok()
-            .flatten()
-            .ok_or(ServerError::Tls(rustls::Error::General("the server key in the data dir cannot be read".into())))?;
-        let mut cfg = rustls::ServerConfig::builder().with_no_client_auth().with_single_cert(certs, key).map_err(ServerError::Tls)?;
-        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(cfg)
-    }
+/// Beyond the connection cap: a Kubernetes `Status` 503 (the listener adds `Retry-After`).
+fn refusal() -> conn::Refusal {
+    conn::Refusal::new(|max| {
+        status::ApiError {
+            code: 503,
+            reason: "ServiceUnavailable",
+            message: format!("the API server is serving its maximum of {max} connections (--max-connections); retry later"),
+            details: None,
+        }
+        .into_response()
+    })
 }
 
 /// Makes the data dir and its files private, opens the store and loads (or creates) the

@@ -81,6 +81,26 @@ fn not_an_object(def: &ResourceDef, name: &str, stored: &Value) -> Result<(), Ap
     )))
 }
 
+/// The kind's [`registry::Strategy::normalize`] on a body about to be validated and stored.
+fn normalize(def: &ResourceDef, name: &str, obj: &mut Value) -> Result<(), ApiError> {
+    let causes = def.strategy.map(|s| (s.normalize)(obj)).unwrap_or_default();
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(def.group, def.kind, name, &causes))
+    }
+}
+
+/// The kind's [`registry::Strategy::validate_update`].
+fn validate_update(def: &ResourceDef, name: &str, old: &Value, new: &Value) -> Result<(), ApiError> {
+    let causes = def.strategy.map(|s| (s.validate_update)(old, new)).unwrap_or_default();
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(def.group, def.kind, name, &causes))
+    }
+}
+
 fn store_err(def: &ResourceDef, name: &str, e: StoreError) -> ApiError {
     match e {
         StoreError::Exists { .. } => ApiError::already_exists(def.group, def.plural, name),
@@ -199,6 +219,7 @@ impl Objects {
             }
             _ => {}
         }
+        normalize(def, &name, &mut obj)?;
         check_metadata(def, &name, &obj, None)?;
         self.validate(def, &name, &obj)?;
         crate::limits::check_object(def, &name, &obj)?;
@@ -365,10 +386,14 @@ impl Objects {
             not_an_object(def, name, &cur.object)?;
             let mut new = compute(&cur)?;
             check_type(def, &mut new)?;
-            let new = merge_server_fields(def, &cur.object, new, part);
+            let mut new = merge_server_fields(def, &cur.object, new, part);
+            if part == Part::Main {
+                normalize(def, name, &mut new)?;
+            }
             check_metadata(def, name, &new, Some(&cur.object))?;
             if part == Part::Main {
                 self.validate(def, name, &new)?;
+                validate_update(def, name, &cur.object, &new)?;
             } else {
                 let causes = crate::shapes::status_causes(def, &new);
                 if !causes.is_empty() {

@@ -62,7 +62,8 @@ fn crd_schemas() -> &'static Map<String, Value> {
 }
 
 fn schema_for(r: &ResourceDef) -> Value {
-    let mut s = crd_schemas().get(r.kind).cloned().unwrap_or_else(|| {
+    let known = crd_schemas().get(r.kind).cloned().or_else(|| r.strategy.map(|s| (s.schema)()));
+    let mut s = known.unwrap_or_else(|| {
         json!({"type": "object", "description": format!("{} (core/v1); fields as in Kubernetes.", r.kind),
                "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
                               "spec": {"type": "object"}, "status": {"type": "object"}}})

@@ -5,6 +5,27 @@ use serde_json::{json, Value};
 /// Validates a whole object; returns every violation.
 pub type Validator = fn(&Value) -> Vec<api::validation::Cause>;
 
+/// Decodes a kind's protobuf message into its JSON form.
+pub type ProtobufDecoder = fn(&[u8]) -> Result<Value, crate::protobuf::wire::WireError>;
+
+/// What a kind's writes do beyond the generic verbs (kube-apiserver's REST strategy); the
+/// kinds with one live in [`crate::kinds`].
+#[derive(Debug)]
+pub struct Strategy {
+    /// Brings a body into its stored form before it is validated: defaults, and write-only
+    /// fields folded into stored ones (Secret: `type`, `stringData`). Runs on create and on every
+    /// update, after a patch is applied; returns what is malformed (422, nothing stored).
+    pub normalize: fn(&mut Value) -> Vec<api::validation::Cause>,
+    /// What an update may not change, given the stored object and the new one (Secret: `type`,
+    /// an immutable Secret's `data`).
+    pub validate_update: fn(old: &Value, new: &Value) -> Vec<api::validation::Cause>,
+    /// The kind's OpenAPI v3 schema.
+    pub schema: fn() -> Value,
+    /// Decodes the kind's protobuf message (the `raw` of a `runtime.Unknown`) into its JSON
+    /// form; `None`: protobuf bodies of this kind are 415 (see [`crate::protobuf`]).
+    pub from_protobuf: Option<ProtobufDecoder>,
+}
+
 /// One served resource.
 #[derive(Clone, Debug)]
 pub struct ResourceDef {
@@ -23,6 +44,8 @@ pub struct ResourceDef {
     /// A custom resource: strategic merge patch is refused (415), and `PUT` needs a resourceVersion.
     pub custom: bool,
     pub validate: Option<Validator>,
+    /// Kind-specific write rules; `None`: the generic verbs only.
+    pub strategy: Option<&'static Strategy>,
 }
 
 impl ResourceDef {
@@ -80,6 +103,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         status: true,
         custom: true,
         validate: Some(api::validation::validate_vm),
+        strategy: None,
     },
     ResourceDef {
         group: "kubevirt.io",
@@ -93,6 +117,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         status: true,
         custom: true,
         validate: Some(api::validation::validate_vmi),
+        strategy: None,
     },
     ResourceDef {
         group: "cdi.kubevirt.io",
@@ -106,6 +131,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         status: true,
         custom: true,
         validate: Some(api::validation::validate_data_volume),
+        strategy: None,
     },
     ResourceDef {
         group: "",
@@ -119,6 +145,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         status: true,
         custom: false,
         validate: None,
+        strategy: None,
     },
     ResourceDef {
         group: "",
@@ -132,6 +159,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         status: false,
         custom: false,
         validate: None,
+        strategy: None,
     },
     ResourceDef {
         group: "",
@@ -145,6 +173,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         status: true,
         custom: false,
         validate: None,
+        strategy: None,
     },
     ResourceDef {
         group: "",
@@ -158,6 +187,21 @@ pub static RESOURCES: &[ResourceDef] = &[
         status: true,
         custom: false,
         validate: None,
+        strategy: None,
+    },
+    ResourceDef {
+        group: "",
+        version: "v1",
+        plural: "secrets",
+        singular: "secret",
+        kind: "Secret",
+        namespaced: true,
+        short_names: &[],
+        categories: &[],
+        status: false,
+        custom: false,
+        validate: Some(crate::kinds::secret::validate),
+        strategy: Some(&crate::kinds::secret::STRATEGY),
     },
 ];
 

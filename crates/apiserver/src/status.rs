@@ -87,8 +87,10 @@ impl ApiError {
     pub fn invalid(group: &str, kind: &str, name: &str, causes: &[Cause]) -> Self {
         let summary: Vec<String> =
             causes.iter().map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) }).collect();
-        let mut e = Self::new(422, "Invalid", format!("{kind}.{group} \"{name}\" is invalid: {}", summary.join(", ")))
-            .with_details(name, group, kind);
+        // Kubernetes' `GroupKind.String()`: `Kind.group`, or `Kind` for the core group.
+        let qualified = if group.is_empty() { kind.to_owned() } else { format!("{kind}.{group}") };
+        let mut e =
+            Self::new(422, "Invalid", format!("{qualified} \"{name}\" is invalid: {}", summary.join(", "))).with_details(name, group, kind);
         if let Some(d) = e.details.as_mut() {
             d["causes"] = serde_json::to_value(causes).unwrap_or(Value::Null);
         }

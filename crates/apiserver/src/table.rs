@@ -139,6 +139,11 @@ fn columns(kind: &str) -> Vec<Column> {
             cols.push(c("Status", "string", |v, _| s(v, "/status/phase")));
             cols.push(c("Age", "date", age));
         }
+        "Secret" => {
+            cols.push(c("Type", "string", |v, _| s(v, "/type")));
+            cols.push(c("Data", "string", |v, _| json!(v.get("data").and_then(Value::as_object).map_or(0, serde_json::Map::len))));
+            cols.push(c("Age", "date", age));
+        }
         "Event" => {
             cols.insert(
                 0,

@@ -1,7 +1,7 @@
 //! The HTTPS listener's connections: what a client without credentials can make the server hold.
 //!
 //! Anyone who reaches the port can open connections, and a connection is anonymous until one of
-//! its requests carries the token. So every stage before that is bounded, in time and in number:
+//! its requests carries credentials. So every stage before that is bounded, in time and in number:
 //!
 //! | what | bound | default | kube-apiserver |
 //! |---|---|---|---|
@@ -14,8 +14,9 @@
 //! | HTTP/2 header list | hyper's | 16 KiB | 1 MiB |
 //! | HTTP/2 dead peer | ping every [`H2_PING_EVERY`], closed without an answer in [`H2_PING_TIMEOUT`] | 30 s, 20 s | — |
 //!
-//! Request bodies are bounded separately (`Config::body_limit`), and a request without the
-//! token is answered 401 before its body is read (see `authenticate` in the crate root).
+//! Request bodies are bounded by the service served (the API server's `Config::body_limit`), and
+//! so is authentication: the service should answer a request without credentials before reading
+//! its body (the API server's `authenticate` does).
 //!
 //! # Accept errors
 //! When the process runs out of file descriptors `accept` fails (EMFILE) while the connection
@@ -24,11 +25,13 @@
 //! starts and once when accepting works again.
 
 use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::Router;
+use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -36,7 +39,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
+use tower::{Service, ServiceExt};
 
 /// How many refused connections are answered at once; more are closed without a word.
 pub const REFUSALS: usize = 64;
@@ -46,9 +49,11 @@ pub const REFUSAL_TIMEOUT: Duration = Duration::from_secs(2);
 pub const MAX_H1_BUF: usize = 64 * 1024;
 /// HTTP/2 keep-alive: ping interval, and how long an answer may take.
 pub const H2_PING_EVERY: Duration = Duration::from_secs(30);
+/// See [`H2_PING_EVERY`].
 pub const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// Delays between failed accepts.
 pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// See [`ACCEPT_BACKOFF_MIN`].
 pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// At most one "refusing connections" warning per this period.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -59,8 +64,12 @@ pub struct Limits {
     /// Most connections served at once; `None`: half the soft open-files limit (after
     /// [`raise_nofile_limit`]), at least 64 and at most 16384.
     pub max_connections: Option<usize>,
+    /// How long a client may take to complete the TLS handshake.
     pub tls_handshake_timeout: Duration,
+    /// How long an HTTP/1 client may take to send a request head (also the longest wait for the
+    /// next request on a kept-alive connection).
     pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed (HTTP/2: GOAWAY).
     pub idle_timeout: Duration,
 }
 
@@ -99,8 +108,78 @@ pub fn default_max_connections(nofile: Option<u64>) -> usize {
     nofile.map_or(16_384, |n| usize::try_from(n / 2).unwrap_or(16_384).clamp(64, 16_384))
 }
 
-/// Serves `app` over TLS on `listener` until `shutdown` fires, within `limits`.
-pub(crate) async fn serve(listener: TcpListener, acceptor: TlsAcceptor, app: Router, limits: Limits, shutdown: CancellationToken) {
+/// What a connection beyond [`Limits::max_connections`] is answered: a response for the cap in
+/// force (the listener adds `Retry-After: 1`). The default is a plain-text 503; a service with
+/// its own error format (Kubernetes `Status`, Redfish error) gives its own.
+#[derive(Clone)]
+pub struct Refusal(Arc<dyn Fn(usize) -> Response + Send + Sync>);
+
+impl Refusal {
+    /// A refusal answered by `answer(max_connections)`.
+    pub fn new(answer: impl Fn(usize) -> Response + Send + Sync + 'static) -> Self {
+        Refusal(Arc::new(answer))
+    }
+
+    fn answer(&self, max: usize) -> Response {
+        let mut resp = (self.0)(max);
+        resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+        resp
+    }
+}
+
+impl Default for Refusal {
+    fn default() -> Self {
+        Refusal::new(|max| {
+            let message = format!("the server is serving its maximum of {max} connections (--max-connections); retry later\n");
+            (http::StatusCode::SERVICE_UNAVAILABLE, [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], message).into_response()
+        })
+    }
+}
+
+impl fmt::Debug for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Refusal")
+    }
+}
+
+/// Serves `service` (an [`axum::Router`], or any tower service of the same shape) over TLS on
+/// `listener` until `shutdown` fires, within `limits`; connections over the cap get the default
+/// [`Refusal`]. See [`serve_with_refusal`].
+pub fn serve<S>(
+    listener: TcpListener,
+    service: S,
+    tls: Arc<rustls::ServerConfig>,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> impl Future<Output = ()> + Send
+where
+    S: Service<http::Request<Body>, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+{
+    serve_with_refusal(listener, service, tls, limits, shutdown, Refusal::default())
+}
+
+/// Serves `service` over TLS on `listener` until `shutdown` fires, within `limits` (see the
+/// module docs); connections over the cap are answered by `refusal`.
+///
+/// # Guarantees
+/// The process's soft open-files limit is raised to its hard limit first ([`raise_nofile_limit`]).
+/// The protocol is the one the client chose by ALPN (`tls` should offer `h2` and `http/1.1`, as
+/// [`crate::server_config`] does), else whatever the client speaks. When `shutdown` fires the
+/// future returns and open connections are dropped. Failed accepts are retried with backoff
+/// (see the module docs); a failed connection is dropped without affecting the others.
+pub async fn serve_with_refusal<S>(
+    listener: TcpListener,
+    service: S,
+    tls: Arc<rustls::ServerConfig>,
+    limits: Limits,
+    shutdown: CancellationToken,
+    refusal: Refusal,
+) where
+    S: Service<http::Request<Body>, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+{
+    let acceptor = TlsAcceptor::from(tls);
     let nofile = raise_nofile_limit();
     let max = limits.max_connections.unwrap_or_else(|| default_max_connections(nofile));
     if nofile.is_some_and(|n| u64::try_from(max).unwrap_or(u64::MAX) >= n) {
@@ -139,26 +218,29 @@ pub(crate) async fn serve(listener: TcpListener, acceptor: TlsAcceptor, app: Rou
         };
         let _ = tcp.set_nodelay(true);
         if let Ok(permit) = Arc::clone(&slots).try_acquire_owned() {
-            tokio::spawn(serve_one(tcp, acceptor.clone(), app.clone(), Arc::clone(&limits), shutdown.clone(), permit));
+            tokio::spawn(serve_one(tcp, acceptor.clone(), service.clone(), Arc::clone(&limits), shutdown.clone(), permit));
             continue;
         }
         refused.note(max);
         if let Ok(permit) = Arc::clone(&refusals).try_acquire_owned() {
-            tokio::spawn(refuse(tcp, acceptor.clone(), max, permit));
+            tokio::spawn(refuse(tcp, acceptor.clone(), refusal.clone(), max, permit));
         }
         // Else `tcp` is dropped here: closed at once.
     }
 }
 
 /// One connection: handshake, then HTTP until it closes, idles out or the server stops.
-async fn serve_one(
+async fn serve_one<S>(
     tcp: TcpStream,
     acceptor: TlsAcceptor,
-    app: Router,
+    service: S,
     limits: Arc<Limits>,
     shutdown: CancellationToken,
     _slot: OwnedSemaphorePermit,
-) {
+) where
+    S: Service<http::Request<Body>, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+{
     // Not TLS, a failed handshake, or too slow: nothing was served, nothing to report.
     let Ok(Ok(stream)) = tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(tcp)).await else { return };
     let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
@@ -167,9 +249,9 @@ async fn serve_one(
         let activity = Arc::clone(&activity);
         hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             let guard = activity.begin();
-            let app = app.clone();
+            let service = service.clone();
             async move {
-                let resp = app.oneshot(req.map(Body::new)).await?;
+                let resp = service.oneshot(req.map(Body::new)).await?;
                 // The request counts as in flight until its response body is done (a watch).
                 Ok::<_, Infallible>(resp.map(|b| {
                     Body::new(b.map_frame(move |f| {
@@ -205,20 +287,13 @@ fn builder(limits: &Limits, alpn: Option<&[u8]>) -> auto::Builder<TokioExecutor>
     }
 }
 
-/// A connection over the cap: one 503 with `Retry-After`, within [`REFUSAL_TIMEOUT`].
-async fn refuse(tcp: TcpStream, acceptor: TlsAcceptor, max: usize, _permit: OwnedSemaphorePermit) {
+/// A connection over the cap: the refusal (a 503 with `Retry-After`), within [`REFUSAL_TIMEOUT`].
+async fn refuse(tcp: TcpStream, acceptor: TlsAcceptor, refusal: Refusal, max: usize, _permit: OwnedSemaphorePermit) {
     let answer = async {
         let Ok(stream) = acceptor.accept(tcp).await else { return };
-        let svc = hyper::service::service_fn(move |_req: hyper::Request<hyper::body::Incoming>| async move {
-            let status = crate::status::ApiError {
-                code: 503,
-                reason: "ServiceUnavailable",
-                message: format!("the API server is serving its maximum of {max} connections (--max-connections); retry later"),
-                details: None,
-            };
-            let mut resp = axum::response::IntoResponse::into_response(status);
-            resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
-            Ok::<_, Infallible>(resp)
+        let svc = hyper::service::service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
+            let resp = refusal.answer(max);
+            async move { Ok::<_, Infallible>(resp) }
         });
         let mut b = auto::Builder::new(TokioExecutor::new());
         b.http1().keep_alive(false);
