@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The fuzz smoke of CI: builds every cargo-fuzz target (fuzz/, its own target dir fuzz/target)
+# The fuzz smoke of CI: builds every cargo-fuzz target (fuzz/; target dir cached in
+# ~/.cache/virtplug/fuzz-target, or $VIRTPLUG_FUZZ_TARGET_DIR)
 # and runs each on its committed corpus (fuzz/corpus/TARGET) plus a few seconds of new inputs,
 # at most 60 s of runs for all targets together (the build not counted: ~4 min from scratch).
 # A crash, panic, timeout or out-of-memory fails the script and leaves the input in
@@ -16,7 +17,11 @@ fi
 # cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain take them. No
 # sanitizer: the targets are safe Rust, and libFuzzer still catches panics, timeouts and memory.
 export RUSTC_BOOTSTRAP=1
-cargo fuzz build -s none
+# The instrumented build is the expensive part (~4 min from scratch): it is cached outside the
+# checkout, so a fresh clone (CI) reuses it.
+target_dir=${VIRTPLUG_FUZZ_TARGET_DIR:-$HOME/.cache/virtplug/fuzz-target}
+mkdir -p "$target_dir"
+cargo fuzz build -s none --target-dir "$target_dir"
 
 # target:dictionary. 7 targets x 6 s of fuzzing, plus cargo's checks and the corpus replays, stay under 60 s.
 TARGETS="api_body:json api_patch:json api_query:query qemu_cmdline:json mountinfo:mountinfo qmp_reply:qmp stored_object:json"
@@ -29,7 +34,7 @@ for entry in $TARGETS; do
   mkdir -p "$scratch/$target" "artifacts/$target"
   echo "fuzz-smoke: $target ($(ls "corpus/$target" | wc -l) corpus inputs + ${SECONDS_EACH}s)"
   # New inputs go to the scratch dir: the committed corpus is only read.
-  if ! cargo fuzz run -s none "$target" "$scratch/$target" "corpus/$target" -- \
+  if ! cargo fuzz run -s none --target-dir "$target_dir" "$target" "$scratch/$target" "corpus/$target" -- \
     -dict="dict/$dict.dict" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     >"$scratch/$target.log" 2>&1; then
     tail -n 60 "$scratch/$target.log" >&2

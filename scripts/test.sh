@@ -22,3 +22,4 @@ else
   cargo test --workspace --no-fail-fast
 fi
 VIRTPLUG_BIN="$PWD/target/debug/virtplug" .venv/bin/pytest -q tests/python
+./scripts/fuzz-smoke.sh
