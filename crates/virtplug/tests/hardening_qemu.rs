@@ -11,7 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::{vm, TestServer};
-use kube::api::{Api, PostParams};
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{json, Value};
 
 use api::VirtualMachineInstance;
@@ -98,13 +99,24 @@ async fn a_host_file_outside_the_allowed_dirs_never_reaches_qemu() {
                            "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": "/etc/shadow"}}}},
             "volumes": []}}}}))
     .unwrap();
-    Api::<api::VirtualMachine>::namespaced(s.client.clone(), "default").create(&PostParams::default(), &vm).await.unwrap();
+    // Watched, not polled: with runStrategy Once the controller halts the VM as soon as its VMI
+    // has failed, and the failed VMI is gone a few milliseconds later.
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(s.client.clone(), "default");
-    let failed = common::wait_until(Duration::from_secs(60), "the VMI to fail to launch", || {
-        let vmis = vmis.clone();
-        async move { vmis.get_opt("shadow").await.ok().flatten().filter(|v| v.phase() == Some(&api::phases::VmiPhase::Failed)) }
+    let from = vmis.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+    let mut events = vmis.watch(&WatchParams::default().timeout(120), &from).await.unwrap().boxed();
+    Api::<api::VirtualMachine>::namespaced(s.client.clone(), "default").create(&PostParams::default(), &vm).await.unwrap();
+    let failed = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(event) = events.try_next().await.unwrap() {
+            if let WatchEvent::Added(v) | WatchEvent::Modified(v) = event {
+                if v.phase() == Some(&api::phases::VmiPhase::Failed) {
+                    return v;
+                }
+            }
+        }
+        panic!("the VMI watch ended before the VMI failed to launch");
     })
-    .await;
+    .await
+    .expect("timed out after 60s waiting for the VMI to fail to launch");
     let status = serde_json::to_value(&failed.status).unwrap();
     let message = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap()["message"].clone();
     let message = message.as_str().unwrap();
