@@ -8,10 +8,12 @@
 //! - [`phases`]: the states KubeVirt and CDI write as strings, as enums.
 //! - [`volume_edit`]: the addvolume/removevolume edits of a spec.
 //! - [`crd`]: CRD manifests generated from the types (cluster mode).
+//! - [`annotations`]: the annotations components use to talk through the API.
 //!
 //! core/v1 `PersistentVolumeClaim`, `Event`, `Namespace` and `Node` come from k8s-openapi, re-exported
 //! under [`core`].
 
+pub mod annotations;
 mod cause;
 pub mod cdi;
 pub mod crd;

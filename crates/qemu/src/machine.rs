@@ -113,6 +113,16 @@ impl Machine {
             .map(|_| ())
     }
 
+    /// Injects a non-maskable interrupt into every vCPU (QMP `inject-nmi`): the guest's NMI
+    /// handler runs (Linux logs it, or panics with `unknown_nmi_panic`), as a BMC's diagnostic
+    /// interrupt does (Redfish `ResetType: Nmi`).
+    ///
+    /// # Errors
+    /// The QMP error.
+    pub async fn inject_nmi(&self) -> Result<(), QmpError> {
+        self.command("inject-nmi", json!({})).await.map(|_| ())
+    }
+
     /// Asks the guest to power off (ACPI) and waits up to `deadline` for QEMU to shut down.
     /// Returns whether it did; the caller then stops QEMU by force.
     ///
@@ -127,5 +137,25 @@ impl Machine {
     /// Stops QEMU at once (`quit`).
     pub async fn quit(&self) {
         let _ = self.monitor.execute_within("quit", json!({}), Duration::from_secs(2)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::qmp::fake::Fake;
+
+    #[tokio::test]
+    async fn inject_nmi_sends_inject_nmi_and_reports_a_refusal() {
+        let fake = Arc::new(Fake::new());
+        let m = Machine::new(Arc::clone(&fake));
+        m.inject_nmi().await.unwrap();
+        assert_eq!(fake.calls()[0].command, "inject-nmi");
+        assert_eq!(fake.calls()[0].args, json!({}));
+        fake.refuse("inject-nmi", "GenericError", "not supported");
+        assert!(m.inject_nmi().await.is_err());
     }
 }

@@ -44,6 +44,9 @@ enum Change {
     Strategy(RunStrategy),
     /// Append these `status.stateChangeRequests`.
     Requests(Vec<Value>),
+    /// Nothing on the VM: its VMI is already stopping (a given grace period still applies to
+    /// it, as `virtctl stop --force --grace-period 0` does to a VM stuck stopping).
+    AlreadyStopping,
 }
 
 fn parse_body(sub: &str, body: &[u8]) -> Result<(bool, Option<i64>), ApiError> {
@@ -79,6 +82,14 @@ fn vmi_active(vmi: Option<&Value>) -> bool {
     })
 }
 
+/// A VMI being deleted whose QEMU may still run (not in a final phase).
+fn stopping(vmi: Option<&Value>) -> bool {
+    vmi.is_some_and(|v| {
+        v.pointer("/metadata/deletionTimestamp").is_some()
+            && !v.pointer("/status/phase").and_then(Value::as_str).map(VmiPhase::parse).is_some_and(|p| p.is_final())
+    })
+}
+
 fn conflict(msg: impl Into<String>) -> ApiError {
     ApiError::conflict_message(msg.into())
 }
@@ -102,6 +113,7 @@ fn decide(action: Action, strategy: RunStrategy, vmi: Option<&Value>) -> Result<
                 s => Err(conflict(format!("{} does not support manual start requests", s.as_str()))),
             }
         }
+        Action::Stop if stopping(vmi) => Ok(Change::AlreadyStopping),
         Action::Stop => match strategy {
             RunStrategy::Halted | RunStrategy::Manual | RunStrategy::WaitAsReceiver if !active => Err(conflict("VM is not running")),
             RunStrategy::Halted | RunStrategy::Manual | RunStrategy::WaitAsReceiver => Ok(Change::Requests(vec![stop()])),
@@ -156,6 +168,7 @@ pub async fn handle(objects: &Objects, ns: &str, name: &str, sub: &str, body: &[
         }
     }
     match change {
+        Change::AlreadyStopping => {}
         Change::Strategy(s) => {
             objects
                 .update_with(vm_def, Some(ns), name, Part::Main, dry, |cur| {
@@ -231,6 +244,18 @@ mod tests {
         );
         assert_eq!(decide(Action::Stop, RunStrategy::Manual, None).unwrap_err().message, "VM is not running");
         assert_eq!(decide(Action::Stop, RunStrategy::Halted, Some(&vmi("Succeeded"))).unwrap_err().message, "VM is not running");
+    }
+
+    #[test]
+    fn stop_of_a_vmi_already_stopping_changes_nothing_on_the_vm() {
+        let mut stopping = vmi("Running");
+        stopping["metadata"]["deletionTimestamp"] = json!("2026-12-01T00:00:00Z");
+        for s in RunStrategy::ALL {
+            assert_eq!(decide(Action::Stop, s, Some(&stopping)).unwrap(), Change::AlreadyStopping, "{s:?}");
+        }
+        let mut gone = vmi("Succeeded");
+        gone["metadata"]["deletionTimestamp"] = json!("2026-12-01T00:00:00Z");
+        assert_eq!(decide(Action::Stop, RunStrategy::Halted, Some(&gone)).unwrap_err().message, "VM is not running");
     }
 
     #[test]

@@ -99,20 +99,3 @@ pub fn requested_bytes(pvc: &PersistentVolumeClaim) -> Result<u64, String> {
         .ok_or_else(|| "spec.resources.requests.storage is required: set the claim's size, e.g. 1Gi".to_owned())?;
     parse_bytes(&q.0).map_err(|e| format!("spec.resources.requests.storage: {e}"))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantities_in_binary_decimal_and_plain_form() {
-        assert_eq!(parse_bytes("1Gi"), Ok(1 << 30));
-        assert_eq!(parse_bytes("512Mi"), Ok(512 << 20));
-        assert_eq!(parse_bytes("1.5Gi"), Ok(3 << 29));
-        assert_eq!(parse_bytes("500M"), Ok(500_000_000));
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("1e9"), Ok(1_000_000_000));
-        assert!(parse_bytes("lots").unwrap_err().contains("not a quantity"));
-        assert!(parse_bytes("0").unwrap_err().contains("between 1 byte"));
-    }
-}

@@ -3,7 +3,8 @@
 //!
 //! - [`live`]: the running QEMU (launch, adoption after an agent restart, exit and events);
 //! - [`phase`]: the VMI's phase, reason and `Ready` condition;
-//! - [`stop`]: stopping QEMU and removing what the VM leaves.
+//! - [`stop`]: stopping QEMU and removing what the VM leaves;
+//! - [`nmi`]: an NMI asked for through the VMI (Redfish `ResetType: Nmi`).
 //!
 //! # Phases (KubeVirt's)
 //! `Scheduled` → QEMU launched, QMP connected → `Running`. The guest powering off (QEMU's
@@ -20,6 +21,7 @@
 //! Every log line of a worker is in its VMI's span ([`crate::spans::vmi`]).
 
 mod live;
+mod nmi;
 mod phase;
 mod stop;
 
@@ -57,6 +59,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         done_generation: None,
         force: true,
         pending_retry: None,
+        nmi_done: None,
     };
     loop {
         let current = rx.borrow_and_update().clone();
@@ -67,11 +70,14 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         };
         w.last = Some(Arc::clone(&vmi));
         if vmi.metadata.deletion_timestamp.is_some() {
-            w.delete(&vmi).await;
+            w.delete(&vmi, &mut rx).await;
             return;
         }
         if w.live.is_none() {
             w.start(&vmi).await;
+        }
+        if let Some(l) = w.live.as_ref().filter(|_| vmi.is_running()) {
+            nmi::act(&w.shared.client, &vmi, &l.machine, &mut w.nmi_done).await;
         }
         let retry = w.pass(&vmi).await;
         if !w.wait(retry, &mut rx, &mut storage).await {
@@ -109,28 +115,44 @@ struct Worker {
     /// started).
     force: bool,
     pending_retry: Option<Duration>,
+    /// The last NMI id injected ([`nmi`]).
+    nmi_done: Option<String>,
+}
+
+/// `spec.terminationGracePeriodSeconds` of `vmi`.
+fn grace_of(vmi: &VirtualMachineInstance) -> Option<u64> {
+    vmi.spec.extra.get("terminationGracePeriodSeconds").and_then(serde_json::Value::as_u64)
 }
 
 impl Worker {
     /// The VMI object is gone: its QEMU is stopped and its run dir removed.
     async fn gone(&mut self) {
         if let Some(l) = self.live.take() {
-            stop::stop(l, Duration::from_secs(1)).await;
+            stop::stop(l, Duration::from_secs(1), std::future::pending()).await;
         }
         stop::forget(&self.run_dir).await;
     }
 
-    /// The VMI is deleted: QEMU gets its grace to stop, then the run dir and the finalizer go.
-    async fn delete(&mut self, vmi: &VirtualMachineInstance) {
-        let grace = vmi
-            .spec
-            .extra
-            .get("terminationGracePeriodSeconds")
-            .and_then(serde_json::Value::as_u64)
-            .map_or(self.shared.config.stop_grace, Duration::from_secs);
+    /// The VMI is deleted: QEMU gets its grace to stop (cut short when a newer version of the
+    /// VMI lowers it to 0, or the object goes), then the run dir and the finalizer go.
+    async fn delete(&mut self, vmi: &VirtualMachineInstance, rx: &mut Versions) {
+        let grace = grace_of(vmi).map_or(self.shared.config.stop_grace, Duration::from_secs);
+        let forced = async {
+            loop {
+                if rx.changed().await.is_err() {
+                    // The agent stops: the stop runs its course.
+                    std::future::pending::<()>().await;
+                }
+                match rx.borrow_and_update().as_deref() {
+                    None => return,
+                    Some(v) if grace_of(v) == Some(0) => return,
+                    Some(_) => {}
+                }
+            }
+        };
         if let Some(l) = self.live.take() {
             tracing::info!("the VMI is deleted: stopping its QEMU (grace {grace:?})");
-            stop::stop(l, grace).await;
+            stop::stop(l, grace, forced).await;
         } else if let Some(p) = live::running_qemu(&self.run_dir).await {
             p.kill().await;
         }

@@ -21,11 +21,18 @@ use crate::reasons::VmiReason;
 pub const FINALIZER: &str = "kubevirt.io/foregroundDeleteVirtualMachine";
 
 /// Stops a live QEMU: `system_powerdown` and up to `grace` for the guest, then `quit`, then
-/// SIGKILL.
-pub(super) async fn stop(live: Live, grace: Duration) {
-    let gone = match live.machine.powerdown(grace).await {
-        Ok(true) => live.process.wait_gone(Duration::from_secs(5)).await,
-        _ => false,
+/// SIGKILL. `forced` cuts the grace short (the VMI's grace period was lowered to 0 during the
+/// stop: `virtctl stop --force --grace-period 0`, Redfish `ForceOff` of a System powering off).
+pub(super) async fn stop(live: Live, grace: Duration, forced: impl std::future::Future<Output = ()>) {
+    let gone = tokio::select! {
+        r = live.machine.powerdown(grace) => match r {
+            Ok(true) => live.process.wait_gone(Duration::from_secs(5)).await,
+            _ => false,
+        },
+        () = forced => {
+            tracing::info!("the stop is forced: grace period now 0");
+            false
+        }
     };
     if !gone {
         live.machine.quit().await;
