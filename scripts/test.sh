@@ -6,9 +6,12 @@ cd "$(dirname "$0")/.."
 
 ./scripts/install-deps.sh
 
-if [ ! -x .venv/bin/pytest ]; then
-  python3 -m venv .venv
+# The venv follows tests/python/requirements.txt: reinstalled from it when it changed.
+req_stamp=$(sha256sum tests/python/requirements.txt | cut -c1-16)
+if [ ! -x .venv/bin/pytest ] || [ "$(cat .venv/requirements.stamp 2>/dev/null)" != "$req_stamp" ]; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q -r tests/python/requirements.txt
+  echo "$req_stamp" > .venv/requirements.stamp
 fi
 
 ./scripts/build-test-guest.sh
@@ -21,5 +24,6 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast
 fi
-VIRTPLUG_BIN="$PWD/target/debug/virtplug" .venv/bin/pytest -q tests/python
+# -rP: the Redfish validators' pass/warn/fail counts (their tests print them) show in the summary.
+VIRTPLUG_BIN="$PWD/target/debug/virtplug" .venv/bin/pytest -q -rP tests/python
 ./scripts/fuzz-smoke.sh

@@ -7,6 +7,7 @@ mod import_flags;
 mod migrate;
 mod mode_flags;
 mod qemu_flags;
+mod redfish_cmd;
 mod serve;
 
 use std::path::PathBuf;
@@ -33,6 +34,8 @@ enum Command {
     Controller(serve::ControllerArgs),
     /// Run the node agent against an API server (this node's VMs under QEMU).
     Node(serve::NodeArgs),
+    /// Run the Redfish service (a BMC per VM) against an API server; manage its accounts.
+    Redfish(redfish_cmd::RedfishArgs),
     /// Create, list, start, stop, restart, delete VMs; attach to a console.
     Vm {
         #[command(subcommand)]
@@ -108,6 +111,7 @@ fn main() -> std::process::ExitCode {
             Command::Apiserver(args) => serve::apiserver(args).await,
             Command::Controller(args) => serve::controller(args).await,
             Command::Node(args) => serve::node(args).await,
+            Command::Redfish(args) => redfish_cmd::run(args).await,
             Command::Vm { cmd, common } => cli::vm(cmd, common).await,
             Command::Volume { cmd, common } => cli::volume(cmd, common).await,
             Command::Addvolume { args, common } => cli::addvolume(args, common).await,

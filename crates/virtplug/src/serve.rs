@@ -108,10 +108,15 @@ pub struct UpArgs {
     caps: crate::growth_flags::CapsArgs,
     #[command(flatten)]
     qemu: crate::qemu_flags::QemuArgs,
+    /// Address of the Redfish service's HTTPS listener (a BMC per VM) [default: 127.0.0.1:8443;
+    /// an ephemeral port when --listen has port 0].
+    #[arg(long)]
+    redfish_listen: Option<SocketAddr>,
 }
 
 /// What `up` runs besides the API server.
 struct UpOptions {
+    redfish_listen: SocketAddr,
     node_name: String,
     accel: qemu::accel::Accel,
     stop_vms_on_exit: bool,
@@ -279,6 +284,7 @@ fn registry() -> apiserver::metrics::SharedRegistry {
     client::metrics::register(&mut r);
     controller::metrics::register(&mut r);
     node::metrics::register(&mut r);
+    redfish::metrics::register(&mut r);
     std::sync::Arc::new(std::sync::Mutex::new(r))
 }
 
@@ -292,6 +298,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     preflight(args.accel.into(), args.attach_mode.into())?;
     args.qemu.check(args.attach_mode.into())?;
     let up = UpOptions {
+        redfish_listen: args.redfish_listen.unwrap_or_else(|| crate::redfish_cmd::default_listen(args.listen)),
         node_name: args.node_name.unwrap_or_else(host_name),
         accel: args.accel.into(),
         stop_vms_on_exit: args.stop_vms_on_exit,
@@ -430,9 +437,22 @@ async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions
     let host = if addr.ip().is_unspecified() { "127.0.0.1".to_owned() } else { addr.ip().to_string() };
     let url = if addr.is_ipv6() { format!("https://[{host}]:{}", addr.port()) } else { format!("https://{host}:{}", addr.port()) };
     let kubeconfig = server.write_kubeconfig(&url).context("cannot write the kubeconfig")?;
-    print_banner(what, &url, &config.data_dir, &kubeconfig, up.is_some());
-
     let shutdown = CancellationToken::new();
+    let redfish = match (&up, &components) {
+        (Some(up), Some(c)) => {
+            Some(crate::redfish_cmd::start_in_up(&server, c.client.clone(), &config.data_dir, up.redfish_listen, shutdown.clone()).await?)
+        }
+        _ => None,
+    };
+    print_banner(what, &url, &config.data_dir, &kubeconfig, up.is_some());
+    if let Some(r) = &redfish {
+        println!("Redfish (a BMC per VM) at {}/redfish/v1/", r.url);
+        match r.admin_line() {
+            Some(line) => println!("  {line}"),
+            None => println!("  accounts: virtplug redfish account list"),
+        }
+        println!("  a VM's BMC address: virtplug vm bmc NAME");
+    }
     let serving = {
         let shutdown = shutdown.clone();
         async move { server.serve_tls(listener, shutdown).await }

@@ -34,6 +34,17 @@ pub enum Vm {
     Restart { name: String },
     /// Delete a VM (its VMI and DataVolume templates go with it).
     Delete { name: String },
+    /// Print the VM's BMC address for metal3/Ironic (its Redfish System) and the credentials hint.
+    Bmc {
+        name: String,
+        /// The Redfish service's URL [default: the one `up` on --data-dir announced, else
+        /// https://127.0.0.1:8443].
+        #[arg(long)]
+        redfish_url: Option<String>,
+        /// The `up` data dir [default: the `up` default].
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
     /// Attach to the serial console of a VM running on this machine (Ctrl-D or EOF to leave).
     Console {
         name: String,
@@ -138,6 +149,22 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
         Vm::Delete { name } => {
             let r = vms.delete(name, &DeleteParams::default()).await.map_err(api_err(&format!("delete VM {name}")))?;
             report(&c.output, &format!("virtualmachine/{name} deleted"), &r.either(serde_json::to_value, serde_json::to_value)?)?;
+        }
+        Vm::Bmc { name, redfish_url, data_dir } => {
+            let vm = vms.get(name).await.map_err(api_err(&format!("get VM {name}")))?;
+            let data_dir = data_dir.clone().unwrap_or_else(crate::default_data_dir);
+            let url = redfish_url.clone().unwrap_or_else(|| crate::redfish_cmd::endpoint(&data_dir));
+            let address = crate::redfish_cmd::bmc_address(url.trim_end_matches('/'), &vm.uid().unwrap_or_default());
+            let password = data_dir.join("redfish").join(redfish::accounts::store::INITIAL_PASSWORD_FILE);
+            let ca = data_dir.join("pki/ca.crt");
+            let doc = json!({"address": address, "username": "admin", "passwordFile": password, "caCertificate": ca});
+            let text = format!(
+                "{address}\n  credentials: user admin, password in {} (or an account from `virtplug redfish account add`)\n  \
+                 TLS: the certificate is signed by {} (trust it, or set disableCertificateVerification: true)",
+                password.display(),
+                ca.display()
+            );
+            report(&c.output, &text, &doc)?;
         }
         Vm::Console { name, data_dir } => {
             let vmi = vmis.get(name).await.map_err(api_err(&format!("get VMI {name} (is the VM running?)")))?;

@@ -1,0 +1,292 @@
+//! Parse at the edge: every write request (POST, PATCH, DELETE) is validated whole into one
+//! typed [`Action`] before anything is done, so a request that is refused changed nothing
+//! (firecracker's `deny_unknown_fields` discipline: an unknown property is an error naming it,
+//! never ignored). [`crate::executor`] is the one place that carries actions out.
+
+use bytes::Bytes;
+use http::{HeaderMap, Method};
+use serde_json::{Map, Value};
+
+use crate::accounts::Role;
+use crate::error::RfError;
+use crate::power::ResetType;
+use crate::sessions::{MAX_TIMEOUT, MIN_TIMEOUT};
+use crate::uri::{Uri, RESET_ACTION};
+
+/// A write, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// `POST Sessions`.
+    Login { user: String, password: String },
+    /// `DELETE Sessions/{id}`.
+    Logout { id: String },
+    /// `PATCH SessionService`.
+    SetSessionTimeout { secs: u64 },
+    /// `POST Accounts`.
+    CreateAccount { user: String, password: String, role: Role, enabled: bool },
+    /// `PATCH Accounts/{id}`.
+    EditAccount { id: String, edit: AccountEdit },
+    /// `DELETE Accounts/{id}`.
+    DeleteAccount { id: String },
+    /// `POST Systems/{id}/Actions/ComputerSystem.Reset`.
+    Reset { system: String, reset: ResetType },
+}
+
+/// What a PATCH of an account changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AccountEdit {
+    pub password: Option<String>,
+    pub role: Option<Role>,
+    pub enabled: Option<bool>,
+}
+
+impl AccountEdit {
+    /// Whether only the password changes (what `ConfigureSelf` allows on one's own account).
+    #[must_use]
+    pub fn password_only(&self) -> bool {
+        self.role.is_none() && self.enabled.is_none()
+    }
+}
+
+/// The JSON object of a request body (an empty body is `{}`).
+///
+/// # Errors
+/// 415 for a body that is not JSON; 400 MalformedJSON.
+pub fn object(h: &HeaderMap, body: &Bytes) -> Result<Map<String, Value>, RfError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    if let Some(ct) = h.get(http::header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("?");
+        let media = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        if media != "application/json" && !media.is_empty() {
+            return Err(RfError::unsupported_media_type(ct));
+        }
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        _ => Err(RfError::malformed_json()),
+    }
+}
+
+/// A string property, typed.
+fn string(m: &Map<String, Value>, key: &str) -> Result<Option<String>, RfError> {
+    match m.get(key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(RfError::property_type(v, key)),
+    }
+}
+
+fn boolean(m: &Map<String, Value>, key: &str) -> Result<Option<bool>, RfError> {
+    match m.get(key) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(RfError::property_type(v, key)),
+    }
+}
+
+/// Refuses every property not in `writable`: read-only ones (`known`) as PropertyNotWritable,
+/// the rest as PropertyUnknown, all of them in one error.
+fn only(m: &Map<String, Value>, writable: &[&str], known: &[&str]) -> Result<(), RfError> {
+    let mut err: Option<RfError> = None;
+    for k in m.keys().filter(|k| !k.starts_with("@odata.") && !writable.contains(&k.as_str())) {
+        let e = if known.contains(&k.as_str()) { RfError::property_not_writable(k) } else { RfError::property_unknown(k) };
+        err = Some(match err {
+            None => e,
+            Some(prev) => e.messages.into_iter().fold(prev, RfError::and),
+        });
+    }
+    err.map_or(Ok(()), Err)
+}
+
+fn role(m: &Map<String, Value>) -> Result<Option<Role>, RfError> {
+    match string(m, "RoleId")? {
+        None => Ok(None),
+        Some(r) => Role::parse(&r).map(Some).ok_or_else(|| RfError::property_not_in_list(&r, "RoleId")),
+    }
+}
+
+const ACCOUNT_READ_ONLY: &[&str] = &["Id", "Name", "Description", "Links", "Actions", "Oem", "AccountTypes", "Locked", "UserName"];
+
+fn create_account(m: &Map<String, Value>) -> Result<Action, RfError> {
+    only(m, &["UserName", "Password", "RoleId", "Enabled", "Locked", "AccountTypes"], &["Id", "Name", "Description", "Links"])?;
+    let user = string(m, "UserName")?.ok_or_else(|| RfError::property_missing("UserName"))?;
+    let password = string(m, "Password")?.ok_or_else(|| RfError::property_missing("Password"))?;
+    let role = role(m)?.ok_or_else(|| RfError::property_missing("RoleId"))?;
+    let enabled = boolean(m, "Enabled")?.unwrap_or(true);
+    if boolean(m, "Locked")? == Some(true) {
+        return Err(RfError::property_not_in_list("true", "Locked"));
+    }
+    if let Some(t) = m.get("AccountTypes") {
+        if t != &Value::Array(vec![Value::String("Redfish".to_owned())]) {
+            return Err(RfError::property_not_in_list(&t.to_string(), "AccountTypes"));
+        }
+    }
+    crate::accounts::check_username(&user).map_err(|_| RfError::property_format(&user, "UserName"))?;
+    check_password(&password)?;
+    Ok(Action::CreateAccount { user, password, role, enabled })
+}
+
+fn check_password(p: &str) -> Result<(), RfError> {
+    use crate::accounts::{MAX_PASSWORD, MIN_PASSWORD};
+    let n = p.chars().count();
+    if n < MIN_PASSWORD {
+        return Err(RfError::string_too_short("Password", MIN_PASSWORD));
+    }
+    if n > MAX_PASSWORD {
+        return Err(RfError::string_too_long("(hidden)", "Password", MAX_PASSWORD));
+    }
+    Ok(())
+}
+
+fn edit_account(id: &str, m: &Map<String, Value>) -> Result<Action, RfError> {
+    // `UserName` and `Locked` are accepted when they change nothing (clients echo them).
+    let writable = ["Password", "RoleId", "Enabled", "UserName", "Locked"];
+    only(m, &writable, ACCOUNT_READ_ONLY)?;
+    if let Some(u) = string(m, "UserName")? {
+        if u != id {
+            return Err(RfError::property_not_writable("UserName"));
+        }
+    }
+    if boolean(m, "Locked")? == Some(true) {
+        return Err(RfError::property_not_in_list("true", "Locked"));
+    }
+    let password = string(m, "Password")?;
+    if let Some(p) = &password {
+        check_password(p)?;
+    }
+    let edit = AccountEdit { password, role: role(m)?, enabled: boolean(m, "Enabled")? };
+    if m.keys().all(|k| k.starts_with("@odata.")) {
+        return Err(RfError::no_operation());
+    }
+    Ok(Action::EditAccount { id: id.to_owned(), edit })
+}
+
+fn session_service(m: &Map<String, Value>) -> Result<Action, RfError> {
+    only(m, &["SessionTimeout"], &["Id", "Name", "Description", "ServiceEnabled", "Sessions", "Status", "Oem"])?;
+    match m.get("SessionTimeout") {
+        None => Err(RfError::no_operation()),
+        Some(v) => {
+            let secs = v.as_u64().ok_or_else(|| RfError::property_type(v, "SessionTimeout"))?;
+            if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&secs) {
+                return Err(RfError::property_out_of_range(v, "SessionTimeout"));
+            }
+            Ok(Action::SetSessionTimeout { secs })
+        }
+    }
+}
+
+fn login(m: &Map<String, Value>) -> Result<Action, RfError> {
+    only(m, &["UserName", "Password", "Context"], &["Id", "Name", "Description", "SessionType", "CreatedTime"])?;
+    let user = string(m, "UserName")?.ok_or_else(|| RfError::property_missing("UserName"))?;
+    let password = string(m, "Password")?.ok_or_else(|| RfError::property_missing("Password"))?;
+    string(m, "Context")?;
+    Ok(Action::Login { user, password })
+}
+
+fn reset(system: &str, m: &Map<String, Value>) -> Result<Action, RfError> {
+    if let Some(k) = m.keys().find(|k| *k != "ResetType") {
+        return Err(RfError::action_parameter_unknown(RESET_ACTION, k));
+    }
+    let v = m.get("ResetType").ok_or_else(|| RfError::action_parameter_missing(RESET_ACTION, "ResetType"))?;
+    let s = v.as_str().ok_or_else(|| RfError::action_parameter_type(v, "ResetType", RESET_ACTION))?;
+    let reset = ResetType::parse(s).ok_or_else(|| RfError::action_parameter_not_in_list(s, "ResetType", RESET_ACTION))?;
+    Ok(Action::Reset { system: system.to_owned(), reset })
+}
+
+/// Parses a write to `uri` (its method already checked against [`Uri::allowed`]).
+///
+/// # Errors
+/// The first problem with the request, as a Redfish error naming the property.
+pub fn parse(uri: &Uri, method: &Method, h: &HeaderMap, body: &Bytes) -> Result<Action, RfError> {
+    let m = object(h, body)?;
+    match (uri, method) {
+        (Uri::Sessions, &Method::POST) => login(&m),
+        (Uri::Session(id), &Method::DELETE) => Ok(Action::Logout { id: id.clone() }),
+        (Uri::SessionService, &Method::PATCH) => session_service(&m),
+        (Uri::Accounts, &Method::POST) => create_account(&m),
+        (Uri::Account(id), &Method::PATCH) => edit_account(id, &m),
+        (Uri::Account(id), &Method::DELETE) => Ok(Action::DeleteAccount { id: id.clone() }),
+        (Uri::SystemReset(id), &Method::POST) => reset(id, &m),
+        _ => Err(RfError::method_not_allowed(uri.allowed())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::StatusCode;
+    use serde_json::json;
+
+    fn p(uri: &Uri, method: &Method, body: &Value) -> Result<Action, RfError> {
+        parse(uri, method, &HeaderMap::new(), &Bytes::from(body.to_string()))
+    }
+
+    fn first_id(e: &RfError) -> String {
+        e.body()["error"]["@Message.ExtendedInfo"][0]["MessageId"].as_str().unwrap_or_default().to_owned()
+    }
+
+    #[test]
+    fn a_reset_is_parsed_or_refused_naming_the_parameter() {
+        let u = Uri::SystemReset("s".into());
+        assert_eq!(
+            p(&u, &Method::POST, &json!({"ResetType": "ForceOff"})).unwrap(),
+            Action::Reset { system: "s".into(), reset: ResetType::ForceOff }
+        );
+        let e = p(&u, &Method::POST, &json!({"ResetType": "Explode"})).unwrap_err();
+        assert_eq!(first_id(&e), "Base.1.22.ActionParameterValueNotInList");
+        assert_eq!(e.body()["error"]["@Message.ExtendedInfo"][0]["RelatedProperties"], json!(["#/ResetType"]));
+        assert_eq!(first_id(&p(&u, &Method::POST, &json!({})).unwrap_err()), "Base.1.22.ActionParameterMissing");
+        assert_eq!(first_id(&p(&u, &Method::POST, &json!({"ResetType": 1})).unwrap_err()), "Base.1.22.ActionParameterValueTypeError");
+        assert_eq!(
+            first_id(&p(&u, &Method::POST, &json!({"ResetType": "On", "Force": true})).unwrap_err()),
+            "Base.1.22.ActionParameterUnknown"
+        );
+        let e = parse(&u, &Method::POST, &HeaderMap::new(), &Bytes::from_static(b"{\"ResetType\": ")).unwrap_err();
+        assert_eq!(first_id(&e), "Base.1.22.MalformedJSON");
+    }
+
+    #[test]
+    fn account_patches_refuse_unknown_and_read_only_properties() {
+        let u = Uri::Account("ironic".into());
+        let e = p(&u, &Method::PATCH, &json!({"Password": "new password", "BogusProp": "foo"})).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(first_id(&e), "Base.1.22.PropertyUnknown");
+        assert!(e.body().to_string().contains("BogusProp"));
+        assert_eq!(first_id(&p(&u, &Method::PATCH, &json!({"Id": "x"})).unwrap_err()), "Base.1.22.PropertyNotWritable");
+        assert_eq!(first_id(&p(&u, &Method::PATCH, &json!({"@odata.id": "/x/"})).unwrap_err()), "Base.1.22.NoOperation");
+        assert_eq!(first_id(&p(&u, &Method::PATCH, &json!({"RoleId": "Root"})).unwrap_err()), "Base.1.22.PropertyValueNotInList");
+        assert_eq!(first_id(&p(&u, &Method::PATCH, &json!({"Enabled": "yes"})).unwrap_err()), "Base.1.22.PropertyValueTypeError");
+        assert_eq!(first_id(&p(&u, &Method::PATCH, &json!({"Password": "short"})).unwrap_err()), "Base.1.22.StringValueTooShort");
+        let ok = p(&u, &Method::PATCH, &json!({"Password": "long enough", "UserName": "ironic"})).unwrap();
+        assert!(matches!(ok, Action::EditAccount { edit, .. } if edit.password_only()));
+    }
+
+    #[test]
+    fn an_account_needs_a_name_a_password_and_a_role() {
+        let u = Uri::Accounts;
+        let ok = p(&u, &Method::POST, &json!({"UserName": "rfpv0a1b", "Password": "Abc-1234xyz", "RoleId": "ReadOnly"})).unwrap();
+        assert!(matches!(ok, Action::CreateAccount { role: Role::ReadOnly, enabled: true, .. }));
+        assert_eq!(
+            first_id(&p(&u, &Method::POST, &json!({"UserName": "x", "Password": "Abc-1234xyz"})).unwrap_err()),
+            "Base.1.22.PropertyMissing"
+        );
+        assert_eq!(
+            first_id(&p(&u, &Method::POST, &json!({"UserName": "Bad Name", "Password": "Abc-1234xyz", "RoleId": "ReadOnly"})).unwrap_err()),
+            "Base.1.22.PropertyValueFormatError"
+        );
+    }
+
+    #[test]
+    fn a_body_that_is_not_json_is_refused() {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        let e = parse(&Uri::Sessions, &Method::POST, &h, &Bytes::from_static(b"x")).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        let e = parse(&Uri::Sessions, &Method::POST, &HeaderMap::new(), &Bytes::from_static(b"[1]")).unwrap_err();
+        assert_eq!(first_id(&e), "Base.1.22.MalformedJSON");
+        let e = p(&Uri::SessionService, &Method::PATCH, &json!({"SessionTimeout": 5})).unwrap_err();
+        assert_eq!(first_id(&e), "Base.1.22.PropertyValueOutOfRange");
+    }
+}
