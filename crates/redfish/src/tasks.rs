@@ -64,10 +64,19 @@ struct Entry {
 }
 
 /// The tasks.
-#[derive(Default)]
 pub struct Tasks {
     entries: Mutex<BTreeMap<u64, Entry>>,
     next: Mutex<u64>,
+}
+
+impl Default for Tasks {
+    /// Ids start at the milliseconds since the epoch: a restarted service never hands out an id
+    /// of a task from before (whose `Location` a client may still poll: it gets 404, never
+    /// another task's state).
+    fn default() -> Self {
+        let start = u64::try_from(jiff::Timestamp::now().as_millisecond()).unwrap_or(0);
+        Tasks { entries: Mutex::default(), next: Mutex::new(start) }
+    }
 }
 
 impl Tasks {
@@ -174,5 +183,9 @@ mod tests {
         let b = t.start("b", "u", "/x", "");
         assert_ne!(a.id, b.id);
         assert_eq!(t.list().len(), 2);
+        // A service started later (a restart) hands out ids above every id of this one.
+        std::thread::sleep(Duration::from_millis(2));
+        let later = Tasks::default().start("c", "u", "/x", "");
+        assert!(later.id.parse::<u64>().unwrap() > b.id.parse::<u64>().unwrap(), "{} then {}", b.id, later.id);
     }
 }

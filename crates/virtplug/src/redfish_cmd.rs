@@ -104,6 +104,10 @@ async fn account(client: &kube::Client, cmd: AccountCmd) -> anyhow::Result<()> {
             check_username(&a.name).map_err(anyhow::Error::msg)?;
             let role = Role::parse(&a.role).context("--role: Administrator, Operator or ReadOnly")?;
             let selector = Selector::parse(a.selector.as_deref().unwrap_or_default()).map_err(|e| anyhow::anyhow!("--selector: {e}"))?;
+            // Namespace names (DNS-1123 labels): one per --namespace, so never a comma list.
+            if let Some(c) = a.namespaces.iter().flat_map(|n| api::validation::dns1123_label(n, "--namespace")).next() {
+                bail!("{}: {} (give one namespace per --namespace)", c.field, c.message);
+            }
             let password = password_from_stdin()?;
             let new =
                 NewAccount { username: a.name.clone(), password, role, enabled: true, scope: Scope { namespaces: a.namespaces, selector } };

@@ -141,3 +141,89 @@ async fn bad_account_edits_name_the_property_and_a_stale_etag_is_412() {
     let r = up.req(Method::DELETE, "/redfish/v1/AccountService/Accounts/admin", &admin, None).await;
     assert_eq!((r.status, r.message_id().as_str()), (StatusCode::CONFLICT, "ResourceCannotBeDeleted"));
 }
+
+/// A System's ETag follows what the System says, not the VM's bookkeeping: a label edit (the VM's
+/// resourceVersion moves, the System's content does not) keeps it; a memory change (its
+/// `MemorySummary` changes) changes it. `If-None-Match` with the current ETag is 304 for GET
+/// and HEAD; HEAD carries the same ETag and no body.
+#[tokio::test]
+async fn a_systems_etag_changes_exactly_when_its_content_does() {
+    let up = RfUp::start();
+    let uid = up.vm("default", "etag-0", json!(null)).await;
+    let admin = up.admin();
+    let path = format!("/redfish/v1/Systems/{uid}");
+    let first = up.get(&path, &admin).await;
+    let etag = first.headers["etag"].to_str().unwrap().to_owned();
+    assert!(etag.starts_with('"'), "a strong ETag: {etag}");
+    let head = up.req_raw(Method::HEAD, &path, &admin, None, &[]).await;
+    assert_eq!((head.status, head.headers["etag"].to_str().unwrap()), (StatusCode::OK, etag.as_str()));
+    for m in [Method::GET, Method::HEAD] {
+        let r = up.req_raw(m.clone(), &path, &admin, None, &[("If-None-Match", &etag)]).await;
+        assert_eq!(r.status, StatusCode::NOT_MODIFIED, "{m}");
+    }
+
+    let rv = up.vm_version("default", "etag-0").await;
+    up.set_vm_labels("default", "etag-0", json!({"rack": "r1"})).await;
+    assert_ne!(up.vm_version("default", "etag-0").await, rv);
+    // The service's cache has the label once an account scoped by it sees the System.
+    up.add_account("racks", "racks-password", &["--role", "ReadOnly", "--selector", "rack=r1"]);
+    let racks = Auth::basic("racks", "racks-password");
+    redfish_support::common_wait("the label in the Redfish cache", || async {
+        (up.get(&path, &racks).await.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    let same = up.get(&path, &admin).await;
+    assert_eq!(same.headers["etag"].to_str().unwrap(), etag, "the System says the same: {:?}", same.body);
+
+    let vms: kube::Api<api::VirtualMachine> = kube::Api::namespaced(up.kube().await, "default");
+    let patch = json!({"spec": {"template": {"spec": {"domain": {"resources": {"requests": {"memory": "512Mi"}}}}}}});
+    vms.patch("etag-0", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch)).await.unwrap();
+    let changed = redfish_support::common_wait("the new memory size in the System", || async {
+        let r = up.get(&path, &admin).await;
+        (r.body["MemorySummary"]["TotalSystemMemoryGiB"] == json!(0.5)).then_some(r)
+    })
+    .await;
+    assert_ne!(changed.headers["etag"].to_str().unwrap(), etag);
+    let r = up.req_raw(Method::GET, &path, &admin, None, &[("If-None-Match", &etag)]).await;
+    assert_eq!(r.status, StatusCode::OK, "the old ETag no longer matches");
+}
+
+/// `virtplug redfish account`: bad input is refused naming the flag, and nothing is created;
+/// add, list, set-password and delete act on the accounts the service uses.
+#[tokio::test]
+async fn the_account_cli_refuses_bad_input_and_manages_accounts() {
+    let up = RfUp::start();
+    for (args, names) in [
+        (vec!["redfish", "account", "add", "ops", "--namespace", "a,b"], "--namespace"),
+        (vec!["redfish", "account", "add", "ops", "--selector", "a in ("], "--selector"),
+        (vec!["redfish", "account", "add", "ops", "--role", "Root"], "--role"),
+        (vec!["redfish", "account", "add", "Ops!"], "user name"),
+    ] {
+        let (ok, out) = up.cli(&args, "ops-password");
+        assert!(!ok && out.contains(names), "{args:?}: {out}");
+    }
+    let (_, list) = up.cli(&["redfish", "account", "list"], "");
+    assert!(!list.lines().any(|l| l.starts_with("ops ")), "nothing was created: {list}");
+
+    up.add_account("ops", "ops-password", &["--role", "Operator", "--namespace", "default", "--namespace", "lab"]);
+    let (ok, list) = up.cli(&["redfish", "account", "list"], "");
+    assert!(ok && list.lines().any(|l| l.starts_with("ops ") && l.contains("Operator") && l.contains("default,lab")), "{list}");
+    assert_eq!(up.get("/redfish/v1/Systems", &Auth::basic("ops", "ops-password")).await.status, StatusCode::OK);
+
+    let (ok, out) = up.cli(&["redfish", "account", "set-password", "ops"], "ops-new-password");
+    assert!(ok, "{out}");
+    redfish_support::common_wait("the new password to work", || async {
+        (up.get("/redfish/v1/Systems", &Auth::basic("ops", "ops-new-password")).await.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    assert_eq!(up.get("/redfish/v1/Systems", &Auth::basic("ops", "ops-password")).await.status, StatusCode::UNAUTHORIZED);
+
+    let (ok, out) = up.cli(&["redfish", "account", "delete", "ops"], "");
+    assert!(ok, "{out}");
+    redfish_support::common_wait("the deleted account to be refused", || async {
+        (up.get("/redfish/v1/Systems", &Auth::basic("ops", "ops-new-password")).await.status == StatusCode::UNAUTHORIZED).then_some(())
+    })
+    .await;
+    let (_, list) = up.cli(&["redfish", "account", "list"], "");
+    assert!(!list.lines().any(|l| l.starts_with("ops ")), "{list}");
+}

@@ -238,6 +238,16 @@ impl RfUp {
             .spawn()
             .unwrap();
         c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        // Deadline: a CLI that hangs is killed (by its PID) and named.
+        let end = std::time::Instant::now() + Duration::from_secs(60);
+        while c.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > end {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("`virtplug {}` did not finish within 60 s", args.join(" "));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let out = c.wait_with_output().unwrap();
         (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
     }
