@@ -39,6 +39,11 @@ pub struct RedfishArgs {
     /// Key of --tls-cert (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Serve Prometheus metrics (`/metrics`: failed logins, responses by code, API client
+    /// requests) over plain HTTP on this address; keep it on loopback [default: off. In `up`
+    /// they are in the API server's /metrics].
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// The CA that signs the generated serving certificate [default: DATA_DIR/pki].
     #[arg(long)]
     ca_dir: Option<PathBuf>,
@@ -255,8 +260,15 @@ async fn serve(client: kube::Client, args: RedfishArgs) -> anyhow::Result<()> {
     let ca_dir = args.ca_dir.unwrap_or_else(|| data_dir.join("pki"));
     let tls = tls(&dir, &ca_dir, args.tls_cert.as_deref(), args.tls_key.as_deref(), args.listen)?;
     let shutdown = CancellationToken::new();
+    let metrics = match args.metrics_listen {
+        Some(addr) => Some(serve_metrics(addr, shutdown.clone()).await?),
+        None => None,
+    };
     let running = start(client, &dir, args.listen, tls, shutdown.clone()).await?;
-    println!("virtplug redfish is serving Redfish at {}/redfish/v1/", running.url);
+    match metrics {
+        Some(addr) => println!("virtplug redfish is serving Redfish at {}/redfish/v1/ (metrics at http://{addr}/metrics)", running.url),
+        None => println!("virtplug redfish is serving Redfish at {}/redfish/v1/", running.url),
+    }
     println!("  data dir: {}", dir.display());
     if let Some(line) = running.admin_line() {
         println!("  {line}");
@@ -279,6 +291,33 @@ impl Running {
         let pw = std::fs::read_to_string(f).ok()?;
         Some(format!("user admin, password {} (also in {}; delete that file once kept elsewhere)", pw.trim(), f.display()))
     }
+}
+
+/// Serves the standalone service's metrics (its own and its API client's) on `addr` until
+/// `shutdown`; the bound address.
+async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> anyhow::Result<SocketAddr> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    redfish::metrics::register(&mut registry);
+    client::metrics::register(&mut registry);
+    let registry: apiserver::metrics::SharedRegistry = Arc::new(std::sync::Mutex::new(registry));
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics-listen: cannot listen on {addr}"))?;
+    let bound = listener.local_addr().context("cannot read the metrics listen address")?;
+    let app =
+        axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let registry = Arc::clone(&registry);
+                async move {
+                    ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], apiserver::metrics::render(&registry))
+                }
+            }),
+        );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
+            tracing::error!("the metrics listener stopped: {e}");
+        }
+    });
+    Ok(bound)
 }
 
 /// The BMC address metal3 and Ironic take for a VM with `uid`.

@@ -56,7 +56,17 @@ async fn a_standalone_redfish_service_keeps_its_uuid_and_shares_the_accounts() {
     up.add_account("metal3", "metal3-password", &["--role", "Operator"]);
     let dir = up.dir.path().join("standalone");
     let kubeconfig = up.kubeconfig();
-    let args = ["redfish", "--kubeconfig", kubeconfig.to_str().unwrap(), "--listen", "127.0.0.1:0", "--data-dir", dir.to_str().unwrap()];
+    let args = [
+        "redfish",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
     let log = up.dir.path().join("standalone.log");
     let mut uuids = Vec::new();
     for _ in 0..2 {
@@ -69,6 +79,14 @@ async fn a_standalone_redfish_service_keeps_its_uuid_and_shares_the_accounts() {
         assert_eq!((r.status, r.body["Name"].clone()), (StatusCode::OK, json!("default/shared-0")), "the same VMs and accounts");
         let root = redfish_support::send(&http, &url, http::Method::GET, "/redfish/v1/", &Auth::None, None, &[]).await;
         uuids.push(root.body["UUID"].as_str().unwrap().to_owned());
+        // Its failed logins are counted in its own metrics.
+        let wrong = Auth::basic("metal3", "not-the-password");
+        let r = redfish_support::send(&http, &url, http::Method::GET, "/redfish/v1/Systems", &wrong, None, &[]).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+        let metrics_url = &line[line.find("(metrics at ").unwrap() + "(metrics at ".len()..line.rfind(')').unwrap()];
+        let text = reqwest::get(metrics_url).await.unwrap().text().await.unwrap();
+        let failures = text.lines().find(|l| l.starts_with("virtplug_redfish_login_failures_total")).unwrap_or_default().to_owned();
+        assert!(failures.split_whitespace().last().and_then(|n| n.parse::<f64>().ok()).is_some_and(|n| n >= 1.0), "{text}");
         child.kill().unwrap();
         child.wait().unwrap();
     }
