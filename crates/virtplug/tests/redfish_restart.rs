@@ -1,4 +1,4 @@
-//! What survives a restart of the Redfish service: the accounts (Secrets in the API), the
+//! `virtplug vm bmc`, and what survives a restart of the Redfish service: the accounts (Secrets in the API), the
 //! service UUID (`DIR/service.json`) and the System ids (VM uids) — across a restart of `up`,
 //! and of a standalone `virtplug redfish` against the same API. Session tokens do not: sessions
 //! live in the service's memory, so a token from before the restart is refused (401) and the
@@ -94,4 +94,28 @@ async fn a_standalone_redfish_service_keeps_its_uuid_and_shares_the_accounts() {
     assert_ne!(uuids[0], up.get("/redfish/v1/", &Auth::None).await.body["UUID"].as_str().unwrap(), "a service of its own");
     assert!(!dir.join("redfish/initial-admin-password").exists(), "accounts existed: no second admin");
     assert!(dir.join("redfish/service.json").exists(), "its state is in DATA_DIR/redfish");
+}
+
+/// `virtplug vm bmc NAME` prints the address metal3 and Ironic take for the VM — the service
+/// `up` on that data dir announced, the System named by the VM's uid — and where the
+/// credentials and the CA are; and that address answers as the VM's System.
+#[tokio::test]
+async fn vm_bmc_prints_the_address_ironic_takes() {
+    let up = RfUp::start();
+    let uid = up.vm("default", "bmc-0", json!(null)).await;
+    let data_dir = up.dir.path().to_str().unwrap().to_owned();
+    let (ok, out) = up.cli(&["vm", "bmc", "bmc-0", "--data-dir", &data_dir], "");
+    assert!(ok, "{out}");
+    let address = format!("redfish-virtualmedia+{}/redfish/v1/Systems/{uid}", up.url);
+    assert_eq!(out.lines().next(), Some(address.as_str()), "{out}");
+    assert!(
+        out.contains(&format!("{data_dir}/redfish/initial-admin-password")) && out.contains(&format!("{data_dir}/pki/ca.crt")),
+        "{out}"
+    );
+    let system = address.trim_start_matches("redfish-virtualmedia+").trim_start_matches(&up.url).to_owned();
+    let r = up.get(&system, &up.admin()).await;
+    assert_eq!((r.status, r.body["Name"].clone()), (StatusCode::OK, json!("default/bmc-0")));
+
+    let (ok, out) = up.cli(&["vm", "bmc", "no-such-vm", "--data-dir", &data_dir], "");
+    assert!(!ok && out.contains("no-such-vm"), "{out}");
 }
