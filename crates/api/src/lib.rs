@@ -17,6 +17,7 @@ pub mod annotations;
 mod cause;
 pub mod cdi;
 pub mod crd;
+pub mod diag;
 pub mod invariants;
 pub mod kubevirt;
 pub mod phases;

@@ -162,29 +162,9 @@ fn failures_of(m: &BTreeMap<String, Option<String>>) -> Vec<Failure> {
     m.iter().filter_map(|(c, r)| r.as_ref().map(|r| Failure { component: c.clone(), reason: r.clone() })).collect()
 }
 
-/// An error and its sources, joined with ": ".
-#[must_use]
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let _ = write!(out, ": {s}");
-        source = s.source();
-    }
-    out
-}
+pub use api::diag::error_chain;
 
-/// The message of a panic payload (`panic!` with a literal or a formatted string).
-#[must_use]
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_owned()
-    }
-}
+pub use api::diag::panic_message;
 
 /// Whether `VIRTPLUG_FAULT` (a comma-separated list, read once) names `component`. Test-only
 /// fault injection: it lets an integration test kill a component of the real binary the way a

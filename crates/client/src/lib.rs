@@ -65,16 +65,4 @@ where
     kube::Client::new(service, "default")
 }
 
-/// An error and its sources on one line (`outer: inner: innermost`), for logs, Events and
-/// status messages, where `{err}` alone would drop the cause.
-#[must_use]
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        cur = e.source();
-    }
-    s
-}
+pub use api::diag::error_chain;

@@ -26,17 +26,7 @@ pub struct Panicked {
     pub message: String,
 }
 
-/// The message of a panic payload (`panic!` with a literal or a formatted string).
-#[must_use]
-pub fn message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_owned()
-    }
-}
+pub use api::diag::panic_message as message;
 
 /// A future whose panics are caught (see [`catch`]).
 struct CatchUnwind<F: Future> {
