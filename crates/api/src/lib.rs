@@ -23,6 +23,7 @@ pub mod kubevirt;
 pub mod phases;
 pub mod quantity;
 pub mod validation;
+pub mod virtual_media;
 pub mod volume_edit;
 
 /// core/v1 types used by virtplug.

@@ -16,6 +16,9 @@
 //!    the disk and it is an empty CD-ROM drive (eject, swap).
 //! 4. New VM disks, in VM order: disks of new hot-plug volumes that the VMI does not have.
 //! 5. Nothing changed → no patch. Reordering the VM's lists alone changes nothing.
+//! 6. (virtplug's) A kept disk's `bootOrder` follows the VM's disk of that name: QEMU's
+//!    `bootindex` is settable at run time and read at the guest's next reset, so a changed boot
+//!    order (a Redfish boot override, or its end) applies to the next reboot inside the guest.
 //!
 //! # Patch
 //! `test` of the VMI's resourceVersion ([`client::patch_if`]), `test` of the old volumes and

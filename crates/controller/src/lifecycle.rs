@@ -16,8 +16,11 @@
 //!   replaces only a `Failed` one; `Once` runs one VMI and then sets the VM to `Halted`;
 //!   `Halted` deletes the VMI; `Manual` does nothing on its own.
 //! - A VMI is created only when every non-hot-plug PVC is `Bound` and every DataVolume has
-//!   `Succeeded` (hot-plug volumes are plugged when they are ready), and the template holds
-//!   [`api::invariants`].
+//!   `Succeeded` (hot-plug volumes are plugged when they are ready; a virtual medium, though
+//!   hot-pluggable, gates the start too: the firmware must find it in the drive), and the
+//!   template holds [`api::invariants`].
+//! - A VMI created from a VM with a one-time (`Once`) boot override boots with it, and the VM
+//!   goes back to its original boot order ([`api::virtual_media::consume_once`]).
 //! - The VMI gets the template's metadata and spec, an owner reference to the VM (controller,
 //!   block owner deletion: garbage-collected with it), the label `vm.kubevirt.io/name` and the
 //!   finalizer [`VMI_FINALIZER`], which the node agent removes once QEMU is gone. A VMI that was
@@ -185,7 +188,10 @@ pub(crate) fn api_err<'a, E: Into<Box<dyn std::error::Error + Send + Sync>>>(
 pub fn volumes(lookup: &impl Lookup, vm: &VirtualMachine) -> Volumes {
     let ns = vm.namespace().unwrap_or_default();
     let Some(spec) = vm.spec.template.spec.as_ref() else { return Volumes::Ready };
-    for v in spec.volumes.iter().filter(|v| !v.is_hotpluggable()) {
+    // A virtual medium is hot-pluggable (it is swapped in a running guest) but must be in its
+    // drive when the firmware looks: it gates the start like a boot disk.
+    let media = api::virtual_media::marked(vm);
+    for v in spec.volumes.iter().filter(|v| !v.is_hotpluggable() || media.contains(&v.name)) {
         if let Some(p) = &v.persistent_volume_claim {
             match lookup.pvc(&ns, &p.claim_name) {
                 None => return Volumes::NotFound(format!("claim {} of volume {} does not exist; create it", p.claim_name, v.name)),

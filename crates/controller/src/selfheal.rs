@@ -7,25 +7,13 @@
 //! the Redfish service inserted as virtual media. Only those get a drive re-added; any other
 //! volume without a disk is reported, never guessed at.
 
-use kube::ResourceExt;
-
-use api::kubevirt::{CdromTarget, Disk};
+use api::kubevirt::Disk;
 use api::validation::Cause;
 use api::VirtualMachine;
 
-/// VM annotation: comma-separated names of volumes inserted as virtual media.
-pub const VIRTUAL_MEDIA: &str = "virtplug.io/virtual-media";
+pub use api::virtual_media::{marked, VIRTUAL_MEDIA};
 /// The VM condition that reports invariant violations (present only while there are some).
 pub const CONDITION: &str = "SpecValid";
-
-/// The volumes marked as virtual media on `vm`.
-#[must_use]
-pub fn marked(vm: &VirtualMachine) -> Vec<String> {
-    vm.annotations()
-        .get(VIRTUAL_MEDIA)
-        .map(|s| s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
-        .unwrap_or_default()
-}
 
 /// The CD-ROM drives to re-add to `vm`'s template: one per marked volume that exists and has no
 /// disk, on the SATA bus (KubeVirt's rule for a hot-pluggable CD-ROM medium: its drive exists
@@ -36,11 +24,7 @@ pub fn missing_drives(vm: &VirtualMachine) -> Vec<Disk> {
     marked(vm)
         .into_iter()
         .filter(|m| spec.volumes.iter().any(|v| v.name == *m) && !spec.domain.devices.disks.iter().any(|d| d.name == *m))
-        .map(|m| Disk {
-            name: m,
-            cdrom: Some(CdromTarget { bus: Some("sata".to_owned()), readonly: Some(true), ..CdromTarget::default() }),
-            ..Disk::default()
-        })
+        .map(|m| api::virtual_media::drive(&m))
         .collect()
 }
 

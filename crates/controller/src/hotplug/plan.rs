@@ -61,10 +61,18 @@ fn wanted(template: &VirtualMachineInstanceSpec, vmi: &VirtualMachineInstance) -
         }
     }
 
+    // A kept disk's boot order follows the VM's disk of that name (rule 6).
+    let kept = |d: &Disk| {
+        let mut d = d.clone();
+        if let Some(t) = disk(t_disks, &d.name) {
+            d.boot_order = t.boot_order;
+        }
+        d
+    };
     let mut new_disks: Vec<Disk> = Vec::new();
     for d in s_disks {
         if volume(&new_volumes, &d.name).is_some() {
-            new_disks.push(d.clone());
+            new_disks.push(kept(d));
             continue;
         }
         let Some(t_disk) = disk(t_disks, &d.name) else { continue };
@@ -72,7 +80,7 @@ fn wanted(template: &VirtualMachineInstanceSpec, vmi: &VirtualMachineInstance) -
         if waiting_readd && (t_disk.cdrom.is_none() || d.cdrom.is_none()) {
             continue;
         }
-        new_disks.push(d.clone());
+        new_disks.push(kept(d));
     }
     for t in t_disks {
         if volume(&new_volumes, &t.name).is_some_and(Volume::is_hotpluggable) && disk(s_disks, &t.name).is_none() {
@@ -308,6 +316,26 @@ mod tests {
         let t = template(&[iso2.clone()], &[cdrom("cd0")]);
         assert_eq!(after(&t, &vmi(&[dv("cd0")], &[cdrom("cd0")])), (n(&[]), n(&["cd0"])));
         assert_eq!(after(&t, &vmi(&[], &[cdrom("cd0")])), (n(&["cd0"]), n(&["cd0"])));
+    }
+
+    #[test]
+    fn a_kept_disks_boot_order_follows_the_vm_and_nothing_else_moves() {
+        let ordered = |name: &str, order: Option<u32>, cd: bool| {
+            let mut d = if cd { cdrom(name) } else { disk(name) };
+            if let Some(o) = order {
+                d["bootOrder"] = json!(o);
+            }
+            d
+        };
+        // The VMI booted the CD first; the VM went back to the disk first (a consumed Once).
+        let v = vmi(&[perm("root"), dv("cd")], &[ordered("root", Some(2), false), ordered("cd", Some(1), true)]);
+        let t = template(&[perm("root"), dv("cd")], &[ordered("root", Some(1), false), ordered("cd", None, true)]);
+        let p = run(&t, &v).expect("a boot order change is patched");
+        let disks = &p.as_array().unwrap().last().unwrap()["value"];
+        assert_eq!(disks, &json!([ordered("root", Some(1), false), ordered("cd", None, true)]));
+        // Already equal: no patch.
+        let same = vmi(&[perm("root"), dv("cd")], &[ordered("root", Some(1), false), ordered("cd", None, true)]);
+        assert_eq!(run(&t, &same), None);
     }
 
     #[test]

@@ -73,6 +73,27 @@ pub fn new_vmi(vm: &VirtualMachine) -> VirtualMachineInstance {
     }
 }
 
+/// The VMI just created from `vm` booted with its one-time boot override: the VM goes back to
+/// its original boot order ([`api::virtual_media::consume_once`]). Only the override that VMI
+/// got is consumed; one set since then stays for the next start.
+async fn consume_boot_once(vms: &Api<VirtualMachine>, vm: &VirtualMachine, object: &str) -> Result<(), LifecycleError> {
+    use api::virtual_media::{boot_override, consume_once, Enabled};
+    let used = boot_override(vm);
+    if used.as_ref().is_none_or(|o| o.enabled != Enabled::Once) {
+        return Ok(());
+    }
+    client::update(vms, &vm.name_any(), |v: &mut VirtualMachine| {
+        if boot_override(v) == used {
+            // A VM without a template cannot carry an override; nothing to restore.
+            let _ = consume_once(v);
+        }
+    })
+    .await
+    .map_err(api_err(object, "restore its boot order after a one-time override"))?;
+    tracing::info!("the one-time boot override was used by the new VMI; the VM's boot order is restored");
+    Ok(())
+}
+
 /// Carries out `step` and schedules an unscheduled VMI.
 ///
 /// # Errors
@@ -111,7 +132,10 @@ pub async fn apply(
         Step::Nothing => {}
         Step::Create => {
             match vmis.create(&PostParams::default(), &new_vmi(vm)).await {
-                Ok(_) => tracing::info!("created its VMI"),
+                Ok(_) => {
+                    tracing::info!("created its VMI");
+                    consume_boot_once(&vms, vm, &object).await?;
+                }
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(e) => return Err(api_err(&object, "create its VMI")(e)),
             }
