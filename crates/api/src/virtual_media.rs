@@ -146,6 +146,29 @@ pub fn eject(vm: &mut VirtualMachine) -> Option<String> {
     v.data_volume.map(|d| d.name)
 }
 
+/// Whether `vm` boots through UEFI (`firmware.bootloader.efi`), else legacy BIOS.
+#[must_use]
+pub fn uefi(vm: &VirtualMachine) -> bool {
+    let fw = vm.spec.template.spec.as_ref().and_then(|s| s.domain.firmware.as_ref());
+    fw.and_then(|f| serde_json::to_value(f).ok()).is_some_and(|f| f.pointer("/bootloader/efi").is_some())
+}
+
+/// Sets the firmware `vm` boots with at its next start: `firmware.bootloader` `efi` (secure
+/// boot off) or `bios`. Unchanged when it already boots that way.
+///
+/// # Errors
+/// When the VM has no template spec.
+pub fn set_uefi(vm: &mut VirtualMachine, on: bool) -> Result<(), OverrideError> {
+    if uefi(vm) == on {
+        return Ok(());
+    }
+    let spec = vm.spec.template.spec.as_mut().ok_or(OverrideError::NoTemplate)?;
+    let mut fw = serde_json::to_value(spec.domain.firmware.clone().unwrap_or_default()).map_err(|_| OverrideError::NoTemplate)?;
+    fw["bootloader"] = if on { serde_json::json!({"efi": {"secureBoot": false}}) } else { serde_json::json!({"bios": {}}) };
+    spec.domain.firmware = Some(serde_json::from_value(fw).map_err(|_| OverrideError::NoTemplate)?);
+    Ok(())
+}
+
 /// `BootSourceOverrideTarget` values that change the order.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {

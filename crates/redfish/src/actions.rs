@@ -11,7 +11,7 @@ use crate::accounts::Role;
 use crate::error::RfError;
 use crate::power::ResetType;
 use crate::sessions::{MAX_TIMEOUT, MIN_TIMEOUT};
-use crate::uri::{Uri, RESET_ACTION};
+use crate::uri::{Uri, EJECT_ACTION, INSERT_ACTION, RESET_ACTION};
 
 /// A write, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +30,213 @@ pub enum Action {
     DeleteAccount { id: String },
     /// `POST Systems/{id}/Actions/ComputerSystem.Reset`.
     Reset { system: String, reset: ResetType },
+    /// `InsertMedia`, or a PATCH of `Image` (`target`: the URI written to).
+    InsertMedia { system: String, image: String, target: Uri },
+    /// `EjectMedia`, or a PATCH of `Image: null` / `Inserted: false`.
+    EjectMedia { system: String, target: Uri },
+    /// `PATCH Systems/{id}` of `Boot`.
+    SetBoot { system: String, boot: BootPatch },
+}
+
+/// What a PATCH of `Boot` asks for (absent: unchanged).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BootPatch {
+    /// `None` inside: `BootSourceOverrideTarget: None`.
+    pub target: Option<Option<api::virtual_media::Target>>,
+    /// `None` inside: `Disabled`.
+    pub enabled: Option<Option<api::virtual_media::Enabled>>,
+    /// `true`: UEFI.
+    pub uefi: Option<bool>,
+}
+
+/// Longest image URL accepted.
+pub const MAX_IMAGE_URL: usize = 2048;
+
+/// Checks an image URL: http or https, with a host, at most [`MAX_IMAGE_URL`] long.
+fn image_url(v: &Value, param: &str, action: &str) -> Result<String, RfError> {
+    let s = v.as_str().ok_or_else(|| RfError::action_parameter_type(v, param, action))?;
+    if s.len() > MAX_IMAGE_URL {
+        return Err(RfError::string_too_long(&format!("{}...", s.chars().take(64).collect::<String>()), param, MAX_IMAGE_URL));
+    }
+    let shown: String = s.chars().take(200).collect();
+    let why = "Image must be an http:// or https:// URL with a host (file, ftp, nfs, cifs and other schemes are refused: \
+               the image is imported over HTTP)";
+    let uri: http::Uri = s.parse().map_err(|_| RfError::action_parameter_format(&shown, param, action, why))?;
+    let scheme_ok = matches!(uri.scheme_str().map(str::to_ascii_lowercase).as_deref(), Some("http" | "https"));
+    if !scheme_ok || uri.host().is_none_or(str::is_empty) || s.chars().any(char::is_whitespace) {
+        return Err(RfError::action_parameter_format(&shown, param, action, why));
+    }
+    Ok(s.to_owned())
+}
+
+/// `InsertMedia`'s parameters; every one the schema defines is accepted and checked.
+fn insert_media(system: &str, target: Uri, m: &Map<String, Value>) -> Result<Action, RfError> {
+    const A: &str = INSERT_ACTION;
+    const PARAMS: &[&str] =
+        &["Image", "Inserted", "WriteProtected", "MediaType", "TransferProtocolType", "TransferMethod", "UserName", "Password"];
+    if let Some(k) = m.keys().find(|k| !PARAMS.contains(&k.as_str())) {
+        return Err(RfError::action_parameter_unknown(A, k));
+    }
+    let image = image_url(m.get("Image").ok_or_else(|| RfError::action_parameter_missing(A, "Image"))?, "Image", A)?;
+    let flag = |k: &str| -> Result<Option<bool>, RfError> {
+        m.get(k).map(|v| v.as_bool().ok_or_else(|| RfError::action_parameter_type(v, k, A))).transpose()
+    };
+    let text = |k: &str| -> Result<Option<&str>, RfError> {
+        m.get(k).map(|v| v.as_str().ok_or_else(|| RfError::action_parameter_type(v, k, A))).transpose()
+    };
+    if flag("Inserted")? == Some(false) {
+        return Err(RfError::action_parameter_unsupported(
+            "Inserted",
+            A,
+            "a medium is in the drive once inserted; Inserted: false is not supported (use EjectMedia to take it out)",
+        ));
+    }
+    if flag("WriteProtected")? == Some(false) {
+        return Err(RfError::action_parameter_unsupported("WriteProtected", A, "a CD/DVD medium is always write-protected"));
+    }
+    if let Some(t) = text("MediaType")? {
+        if !matches!(t, "CD" | "DVD") {
+            return Err(RfError::action_parameter_not_in_list(t, "MediaType", A));
+        }
+    }
+    if let Some(p) = text("TransferProtocolType")? {
+        if !crate::resources::virtual_media::PROTOCOLS.contains(&p) {
+            return Err(RfError::action_parameter_not_in_list(p, "TransferProtocolType", A));
+        }
+        let scheme = image.split(':').next().unwrap_or_default().to_ascii_uppercase();
+        if scheme != p {
+            return Err(RfError::action_conflict("TransferProtocolType", p, &format!("the Image URL's scheme is {scheme}")));
+        }
+    }
+    if let Some(t) = text("TransferMethod")? {
+        if !crate::resources::virtual_media::METHODS.contains(&t) {
+            return Err(RfError::action_parameter_not_in_list(t, "TransferMethod", A));
+        }
+    }
+    for k in ["UserName", "Password"] {
+        if text(k)?.is_some_and(|v| !v.is_empty() && v != "none") {
+            return Err(RfError::action_parameter_unsupported(
+                k,
+                A,
+                "credentials for the image server are not supported; serve the image without authentication",
+            ));
+        }
+    }
+    Ok(Action::InsertMedia { system: system.to_owned(), image, target })
+}
+
+fn eject_media(system: &str, target: Uri, m: &Map<String, Value>) -> Result<Action, RfError> {
+    if let Some(k) = m.keys().next() {
+        return Err(RfError::action_parameter_unknown(EJECT_ACTION, k));
+    }
+    Ok(Action::EjectMedia { system: system.to_owned(), target })
+}
+
+/// A PATCH of the VirtualMedia resource (what sushy falls back to without the actions).
+fn patch_media(system: &str, target: Uri, m: &Map<String, Value>) -> Result<Action, RfError> {
+    const READ_ONLY: &[&str] =
+        &["Id", "Name", "Description", "MediaTypes", "ImageName", "ConnectedVia", "Status", "Actions", "Links", "Oem"];
+    only(m, &["Image", "Inserted", "WriteProtected", "TransferProtocolType", "TransferMethod", "UserName", "Password"], READ_ONLY)?;
+    let inserted = boolean(m, "Inserted")?;
+    if boolean(m, "WriteProtected")? == Some(false) {
+        return Err(RfError::property_not_in_list("false", "WriteProtected"));
+    }
+    match m.get("Image") {
+        Some(Value::Null) => Ok(Action::EjectMedia { system: system.to_owned(), target }),
+        Some(Value::String(s)) if s.is_empty() => Ok(Action::EjectMedia { system: system.to_owned(), target }),
+        Some(_) if inserted == Some(false) => Err(RfError::property_not_in_list("false", "Inserted")),
+        Some(_) => {
+            let mut params = m.clone();
+            params.remove("Inserted");
+            params.retain(|k, _| !k.starts_with("@odata."));
+            insert_media(system, target, &params)
+        }
+        None if inserted == Some(false) => Ok(Action::EjectMedia { system: system.to_owned(), target }),
+        None => Err(RfError::no_operation()),
+    }
+}
+
+/// A PATCH of a System: only `Boot` is writable.
+fn patch_system(system: &str, m: &Map<String, Value>) -> Result<Action, RfError> {
+    const READ_ONLY: &[&str] = &[
+        "Id",
+        "Name",
+        "Description",
+        "SystemType",
+        "Manufacturer",
+        "Model",
+        "SerialNumber",
+        "UUID",
+        "PowerState",
+        "Status",
+        "ProcessorSummary",
+        "MemorySummary",
+        "EthernetInterfaces",
+        "VirtualMedia",
+        "Links",
+        "Actions",
+        "Oem",
+    ];
+    only(m, &["Boot"], READ_ONLY)?;
+    let Some(boot) = m.get("Boot") else { return Err(RfError::no_operation()) };
+    let b = boot.as_object().ok_or_else(|| RfError::property_type(boot, "Boot"))?;
+    const BOOT_RO: &[&str] = &[
+        "BootSourceOverrideTarget@Redfish.AllowableValues",
+        "BootSourceOverrideEnabled@Redfish.AllowableValues",
+        "BootSourceOverrideMode@Redfish.AllowableValues",
+        "BootOrder",
+        "BootOptions",
+    ];
+    let known =
+        ["BootSourceOverrideTarget", "BootSourceOverrideEnabled", "BootSourceOverrideMode", "HttpBootUri", "UefiTargetBootSourceOverride"];
+    for k in b.keys().filter(|k| !k.starts_with("@odata.")) {
+        if BOOT_RO.contains(&k.as_str()) {
+            return Err(RfError::property_not_writable(&format!("Boot/{k}")));
+        }
+        if !known.contains(&k.as_str()) {
+            return Err(RfError::property_unknown(&format!("Boot/{k}")));
+        }
+    }
+    let text = |k: &str| -> Result<Option<String>, RfError> {
+        match b.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(RfError::property_type(v, &format!("Boot/{k}"))),
+        }
+    };
+    use api::virtual_media::{Enabled, Target};
+    let target = text("BootSourceOverrideTarget")?
+        .map(|t| match t.as_str() {
+            "None" => Ok(None),
+            "Pxe" => Ok(Some(Target::Pxe)),
+            "Cd" => Ok(Some(Target::Cd)),
+            "Hdd" => Ok(Some(Target::Hdd)),
+            _ => Err(RfError::property_not_in_list(&t, "Boot/BootSourceOverrideTarget")),
+        })
+        .transpose()?;
+    let enabled = text("BootSourceOverrideEnabled")?
+        .map(|e| match e.as_str() {
+            "Disabled" => Ok(None),
+            "Once" => Ok(Some(Enabled::Once)),
+            "Continuous" => Ok(Some(Enabled::Continuous)),
+            _ => Err(RfError::property_not_in_list(&e, "Boot/BootSourceOverrideEnabled")),
+        })
+        .transpose()?;
+    let uefi = text("BootSourceOverrideMode")?
+        .map(|m| match m.as_str() {
+            "UEFI" => Ok(true),
+            "Legacy" => Ok(false),
+            _ => Err(RfError::property_not_in_list(&m, "Boot/BootSourceOverrideMode")),
+        })
+        .transpose()?;
+    for k in ["HttpBootUri", "UefiTargetBootSourceOverride"] {
+        match b.get(k) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s.is_empty() => {}
+            Some(v) => return Err(RfError::property_not_in_list(&v.to_string(), &format!("Boot/{k}"))),
+        }
+    }
+    Ok(Action::SetBoot { system: system.to_owned(), boot: BootPatch { target, enabled, uefi } })
 }
 
 /// What a PATCH of an account changes.
@@ -209,6 +416,10 @@ pub fn parse(uri: &Uri, method: &Method, h: &HeaderMap, body: &Bytes) -> Result<
         (Uri::Account(id), &Method::PATCH) => edit_account(id, &m),
         (Uri::Account(id), &Method::DELETE) => Ok(Action::DeleteAccount { id: id.clone() }),
         (Uri::SystemReset(id), &Method::POST) => reset(id, &m),
+        (Uri::InsertMedia(o, id, dev), &Method::POST) => insert_media(id, Uri::VirtualMedia(*o, id.clone(), dev.clone()), &m),
+        (Uri::EjectMedia(o, id, dev), &Method::POST) => eject_media(id, Uri::VirtualMedia(*o, id.clone(), dev.clone()), &m),
+        (Uri::VirtualMedia(_, id, _), &Method::PATCH) => patch_media(id, uri.clone(), &m),
+        (Uri::System(id), &Method::PATCH) => patch_system(id, &m),
         _ => Err(RfError::method_not_allowed(uri.allowed())),
     }
 }

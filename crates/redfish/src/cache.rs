@@ -1,5 +1,5 @@
 //! What the service reads instead of the API: kube-runtime reflector stores of the VMs, the
-//! VMIs and the account Secrets, filled by watches. A GET is answered from memory (sushy
+//! VMIs, the virtual-media DataVolumes and the account Secrets, filled by watches. A GET is answered from memory (sushy
 //! re-reads the System and every VirtualMedia member on each poll: no API round trip per
 //! request); only writes go to the API.
 //!
@@ -25,7 +25,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use api::{VirtualMachine, VirtualMachineInstance};
+use api::{DataVolume, VirtualMachine, VirtualMachineInstance};
 
 use crate::accounts::{store as accounts_store, Account, Scope};
 
@@ -34,6 +34,7 @@ use crate::accounts::{store as accounts_store, Account, Scope};
 pub struct Cache {
     vms: Store<VirtualMachine>,
     vmis: Store<VirtualMachineInstance>,
+    media: Store<DataVolume>,
     secrets: Store<Secret>,
     changed: watch::Receiver<u64>,
 }
@@ -65,12 +66,14 @@ impl Cache {
         let (tick, changed) = watch::channel(0u64);
         let (vms, a) = follow(Api::<VirtualMachine>::all(client.clone()), watcher::Config::default(), tick.clone());
         let (vmis, b) = follow(Api::<VirtualMachineInstance>::all(client.clone()), watcher::Config::default(), tick.clone());
+        let media_config = watcher::Config::default().labels(api::virtual_media::MEDIUM_OF);
+        let (media, d) = follow(Api::<DataVolume>::all(client.clone()), media_config, tick.clone());
         let secrets_api = Api::<Secret>::namespaced(client.clone(), accounts_store::NAMESPACE);
         let (secrets, c) = follow(secrets_api, watcher::Config::default().labels(accounts_store::LABEL), tick);
         let run = async move {
-            tokio::join!(a, b, c);
+            tokio::join!(a, b, c, d);
         };
-        (Cache { vms, vmis, secrets, changed }, run)
+        (Cache { vms, vmis, media, secrets, changed }, run)
     }
 
     /// Waits until every store has its first list.
@@ -80,6 +83,7 @@ impl Cache {
     pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.vms.wait_until_ready().await?;
         self.vmis.wait_until_ready().await?;
+        self.media.wait_until_ready().await?;
         self.secrets.wait_until_ready().await
     }
 
@@ -107,6 +111,24 @@ impl Cache {
     #[must_use]
     pub fn vmi(&self, vm: &VirtualMachine) -> Option<Arc<VirtualMachineInstance>> {
         self.vmis.get(&ObjectRef::new(&vm.name_any()).within(&vm.namespace().unwrap_or_default()))
+    }
+
+    /// The virtual-media DataVolume `name` in `ns`.
+    #[must_use]
+    pub fn medium(&self, ns: &str, name: &str) -> Option<Arc<DataVolume>> {
+        self.media.get(&ObjectRef::new(name).within(ns))
+    }
+
+    /// The virtual-media DataVolumes of VM `vm` in `ns`.
+    #[must_use]
+    pub fn media_of(&self, ns: &str, vm: &str) -> Vec<Arc<DataVolume>> {
+        self.media
+            .state()
+            .into_iter()
+            .filter(|d| {
+                d.namespace().as_deref() == Some(ns) && d.labels().get(api::virtual_media::MEDIUM_OF).map(String::as_str) == Some(vm)
+            })
+            .collect()
     }
 
     /// The account `user`, if it exists (and its Secret is well-formed).

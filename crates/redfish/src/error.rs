@@ -191,6 +191,18 @@ impl RfError {
     pub fn action_parameter_not_in_list(value: &str, param: &str, action: &str) -> RfError {
         RfError::bad(MessageId::ActionParameterValueNotInList, &[value, param, action], Some(param))
     }
+    /// 400 ActionParameterValueFormatError, with a sentence saying what is accepted.
+    #[must_use]
+    pub fn action_parameter_format(value: &str, param: &str, action: &str, why: &str) -> RfError {
+        RfError::bad(MessageId::ActionParameterValueFormatError, &[value, param, action], Some(param))
+            .and(Message::new(MessageId::GeneralError, &[]).explained(why))
+    }
+    /// 400 ActionParameterNotSupported, with a sentence saying why.
+    #[must_use]
+    pub fn action_parameter_unsupported(param: &str, action: &str, why: &str) -> RfError {
+        RfError::bad(MessageId::ActionParameterNotSupported, &[param, action], Some(param))
+            .and(Message::new(MessageId::GeneralError, &[]).explained(why))
+    }
     #[must_use]
     pub fn action_not_supported(action: &str) -> RfError {
         RfError::bad(MessageId::ActionNotSupported, &[action], None)

@@ -65,7 +65,28 @@ pub async fn execute(
             caller.require(Privilege::ConfigureComponents)?;
             crate::reset::reset(svc, caller, &system, reset, body).await
         }
+        Action::InsertMedia { system, image, target } => {
+            caller.require(Privilege::ConfigureComponents)?;
+            media_device(svc, caller, &target, h)?;
+            crate::media::insert(svc, caller, &system, &image, &target, body).await
+        }
+        Action::EjectMedia { system, target } => {
+            caller.require(Privilege::ConfigureComponents)?;
+            media_device(svc, caller, &target, h)?;
+            crate::media::eject(svc, caller, &system, &target, body).await
+        }
+        Action::SetBoot { system, boot } => {
+            caller.require(Privilege::ConfigureComponents)?;
+            crate::boot::set(svc, caller, &system, boot, h).await
+        }
     }
+}
+
+/// The virtual-media device `target` exists for `caller` (404 otherwise); a PATCH of it
+/// carries `If-Match` against its ETag (an action's POST carries none).
+fn media_device(svc: &Service, caller: &Caller, target: &Uri, h: &HeaderMap) -> Result<(), RfError> {
+    let shown = resources::get(&Ctx { svc, caller: Some(caller) }, target)?;
+    protocol::check_if_match(h, &protocol::etag(&shown))
 }
 
 fn created(uri: &Uri, body: &serde_json::Value) -> http::Response<Body> {

@@ -7,18 +7,20 @@
 //!   [`protocol`]: headers, ETags, query parameters; [`error`] and [`registry`]: Redfish error
 //!   bodies with Base registry messages;
 //! - [`uri`]: the typed URIs; [`resources`]: one file per resource;
-//! - [`actions`] parses every write into a typed action, [`executor`] (and [`reset`] for power)
-//!   carries it out;
+//! - [`actions`] parses every write into a typed action, [`executor`] carries it out ([`reset`]
+//!   for power, [`media`] for virtual media, [`boot`] for the boot override and mode);
 //! - [`auth`], [`sessions`], [`accounts`]: who may do what, and seeing which VMs;
 //! - [`cache`], [`tasks`], [`power`], [`settings`], [`metrics`].
 
 pub mod accounts;
 pub mod actions;
 pub mod auth;
+pub mod boot;
 pub mod cache;
 pub mod error;
 pub mod executor;
 pub mod handler;
+pub mod media;
 pub mod metrics;
 pub mod power;
 pub mod protocol;

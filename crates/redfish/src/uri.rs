@@ -20,11 +20,17 @@ pub enum Uri {
     SystemReset(String),
     EthernetInterfaces(String),
     EthernetInterface(String, String),
-    /// `/redfish/v1/Systems/{id}/VirtualMedia` (part 2 fills it; sushy looks here first).
+    /// `/redfish/v1/Systems/{id}/VirtualMedia` (sushy looks here first).
     SystemVirtualMedia(String),
     Managers,
     Manager(String),
     ManagerVirtualMedia(String),
+    /// One virtual-media device (`Cd`), under the System or its Manager.
+    VirtualMedia(MediaOwner, String, String),
+    /// `.../VirtualMedia/{dev}/Actions/VirtualMedia.InsertMedia`.
+    InsertMedia(MediaOwner, String, String),
+    /// `.../VirtualMedia/{dev}/Actions/VirtualMedia.EjectMedia`.
+    EjectMedia(MediaOwner, String, String),
     ChassisCollection,
     Chassis(String),
     SessionService,
@@ -44,8 +50,26 @@ pub enum Uri {
     RegistryDocument(String),
 }
 
+/// Which collection a virtual-media device is reached through (the same device either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MediaOwner {
+    System,
+    Manager,
+}
+
+impl MediaOwner {
+    fn segment(self) -> &'static str {
+        match self {
+            MediaOwner::System => "Systems",
+            MediaOwner::Manager => "Managers",
+        }
+    }
+}
+
 /// The action names served, for messages.
 pub const RESET_ACTION: &str = "ComputerSystem.Reset";
+pub const INSERT_ACTION: &str = "VirtualMedia.InsertMedia";
+pub const EJECT_ACTION: &str = "VirtualMedia.EjectMedia";
 
 impl Uri {
     /// Parses a request path (percent-decoding nothing: no id contains a character that needs
@@ -76,6 +100,15 @@ impl Uri {
             ["Managers"] => Uri::Managers,
             ["Managers", id] => Uri::Manager(own(id)),
             ["Managers", id, "VirtualMedia"] => Uri::ManagerVirtualMedia(own(id)),
+            [owner @ ("Systems" | "Managers"), id, "VirtualMedia", dev, rest @ ..] => {
+                let o = if *owner == "Systems" { MediaOwner::System } else { MediaOwner::Manager };
+                match rest {
+                    [] => Uri::VirtualMedia(o, own(id), own(dev)),
+                    ["Actions", "VirtualMedia.InsertMedia"] => Uri::InsertMedia(o, own(id), own(dev)),
+                    ["Actions", "VirtualMedia.EjectMedia"] => Uri::EjectMedia(o, own(id), own(dev)),
+                    _ => return None,
+                }
+            }
             ["Chassis"] => Uri::ChassisCollection,
             ["Chassis", id] => Uri::Chassis(own(id)),
             ["SessionService"] => Uri::SessionService,
@@ -115,6 +148,9 @@ impl Uri {
             Uri::Managers => format!("{V1}/Managers"),
             Uri::Manager(id) => format!("{V1}/Managers/{id}"),
             Uri::ManagerVirtualMedia(id) => format!("{V1}/Managers/{id}/VirtualMedia"),
+            Uri::VirtualMedia(o, id, dev) => format!("{V1}/{}/{id}/VirtualMedia/{dev}", o.segment()),
+            Uri::InsertMedia(o, id, dev) => format!("{V1}/{}/{id}/VirtualMedia/{dev}/Actions/{INSERT_ACTION}", o.segment()),
+            Uri::EjectMedia(o, id, dev) => format!("{V1}/{}/{id}/VirtualMedia/{dev}/Actions/{EJECT_ACTION}", o.segment()),
             Uri::ChassisCollection => format!("{V1}/Chassis"),
             Uri::Chassis(id) => format!("{V1}/Chassis/{id}"),
             Uri::SessionService => format!("{V1}/SessionService"),
@@ -144,8 +180,8 @@ impl Uri {
         const DELETE: &[Method] = &[Method::GET, Method::HEAD, Method::DELETE];
         const ACTION: &[Method] = &[Method::POST];
         match self {
-            Uri::SystemReset(_) => ACTION,
-            Uri::SessionService => PATCH,
+            Uri::SystemReset(_) | Uri::InsertMedia(..) | Uri::EjectMedia(..) => ACTION,
+            Uri::SessionService | Uri::System(_) | Uri::VirtualMedia(..) => PATCH,
             Uri::Sessions | Uri::Accounts => CREATE,
             Uri::Session(_) => DELETE,
             Uri::Account(_) => EDIT,
@@ -192,6 +228,10 @@ mod tests {
             Uri::Managers,
             Uri::Manager(id.clone()),
             Uri::ManagerVirtualMedia(id.clone()),
+            Uri::VirtualMedia(MediaOwner::System, id.clone(), "Cd".into()),
+            Uri::VirtualMedia(MediaOwner::Manager, id.clone(), "Cd".into()),
+            Uri::InsertMedia(MediaOwner::System, id.clone(), "Cd".into()),
+            Uri::EjectMedia(MediaOwner::Manager, id.clone(), "Cd".into()),
             Uri::ChassisCollection,
             Uri::Chassis(id.clone()),
             Uri::SessionService,

@@ -4,7 +4,8 @@
 //! - [`live`]: the running QEMU (launch, adoption after an agent restart, exit and events);
 //! - [`phase`]: the VMI's phase, reason and `Ready` condition;
 //! - [`stop`]: stopping QEMU and removing what the VM leaves;
-//! - [`nmi`]: an NMI asked for through the VMI (Redfish `ResetType: Nmi`).
+//! - [`nmi`]: an NMI asked for through the VMI (Redfish `ResetType: Nmi`);
+//! - [`bootorder`]: the running guest's boot order follows the VMI's (for its next reset).
 //!
 //! # Phases (KubeVirt's)
 //! `Scheduled` → QEMU launched, QMP connected → `Running`. The guest powering off (QEMU's
@@ -20,6 +21,7 @@
 //!
 //! Every log line of a worker is in its VMI's span ([`crate::spans::vmi`]).
 
+mod bootorder;
 mod live;
 mod nmi;
 mod phase;
@@ -60,6 +62,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         force: true,
         pending_retry: None,
         nmi_done: None,
+        boot_order: None,
     };
     loop {
         let current = rx.borrow_and_update().clone();
@@ -78,6 +81,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         }
         if let Some(l) = w.live.as_ref().filter(|_| vmi.is_running()) {
             nmi::act(&w.shared.client, &vmi, &l.machine, &mut w.nmi_done).await;
+            bootorder::follow(&vmi, &l.machine, &mut w.boot_order).await;
         }
         let retry = w.pass(&vmi).await;
         if !w.wait(retry, &mut rx, &mut storage).await {
@@ -117,6 +121,8 @@ struct Worker {
     pending_retry: Option<Duration>,
     /// The last NMI id injected ([`nmi`]).
     nmi_done: Option<String>,
+    /// The boot order QEMU has ([`bootorder`]; `None`: unknown, after an adoption).
+    boot_order: Option<bootorder::Order>,
 }
 
 /// `spec.terminationGracePeriodSeconds` of `vmi`.
@@ -164,11 +170,17 @@ impl Worker {
     /// without QEMU failed while no agent ran. `Running` once QEMU runs.
     async fn start(&mut self, vmi: &Arc<VirtualMachineInstance>) {
         match live::adopt(&self.shared, vmi, &self.run_dir).await {
-            Some(Ok(l)) => self.live = Some(l),
+            Some(Ok(l)) => {
+                self.live = Some(l);
+                self.boot_order = None;
+            }
             Some(Err(e)) => tracing::warn!("{e}"),
             None => match vmi.phase() {
                 Some(VmiPhase::Scheduled) => match live::launch(&self.shared, vmi, &self.run_dir).await {
-                    Ok(l) => self.live = Some(l),
+                    Ok(l) => {
+                        self.live = Some(l);
+                        self.boot_order = Some(bootorder::wanted(vmi));
+                    }
                     Err(e) => {
                         set_phase(&self.shared, vmi, VmiPhase::Failed, Some(VmiReason::LaunchFailed), &e).await;
                         crate::reasons::publish(&self.shared.client, vmi.as_ref(), EventReason::LaunchFailed, &e).await;

@@ -1,11 +1,11 @@
 //! Managers: one BMC per VM (`Id` = the VM's uid), managing its System and Chassis, with the
-//! VirtualMedia collection (empty until virtual media is implemented).
+//! VirtualMedia collection ([`super::virtual_media`]).
 
 use serde_json::{json, Value};
 
 use kube::ResourceExt;
 
-use super::{link, systems, Ctx, MANAGER, MANAGER_COLLECTION, VIRTUAL_MEDIA_COLLECTION};
+use super::{link, systems, Ctx, MANAGER, MANAGER_COLLECTION};
 use crate::error::RfError;
 use crate::uri::Uri;
 
@@ -37,10 +37,4 @@ pub fn get(ctx: &Ctx<'_>, id: &str) -> Result<Value, RfError> {
             "ManagerForChassis": [link(&Uri::Chassis(id.to_owned()))],
         },
     }))
-}
-
-/// `Managers/{id}/VirtualMedia`: an empty collection for now.
-pub fn virtual_media(ctx: &Ctx<'_>, id: &str) -> Result<Value, RfError> {
-    ctx.svc.cache.vm(id, &ctx.scope()).ok_or_else(|| RfError::resource_not_found("Manager", id))?;
-    Ok(super::collection(VIRTUAL_MEDIA_COLLECTION, "Virtual Media", &Uri::ManagerVirtualMedia(id.to_owned()), &[]))
 }

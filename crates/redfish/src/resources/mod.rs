@@ -14,6 +14,7 @@ mod service_root;
 mod session_service;
 pub mod systems;
 mod task_service;
+pub mod virtual_media;
 
 use serde_json::{json, Value};
 
@@ -21,7 +22,7 @@ use crate::accounts::Scope;
 use crate::auth::Caller;
 use crate::error::RfError;
 use crate::service::Service;
-use crate::uri::Uri;
+use crate::uri::{MediaOwner, Uri};
 
 pub use account_service::{account_etag, account_json};
 
@@ -57,6 +58,7 @@ pub const SYSTEM: Ty = Ty::versioned("ComputerSystem", "v1_27_0");
 pub const NIC_COLLECTION: Ty = Ty::collection("EthernetInterfaceCollection");
 pub const NIC: Ty = Ty::versioned("EthernetInterface", "v1_12_4");
 pub const VIRTUAL_MEDIA_COLLECTION: Ty = Ty::collection("VirtualMediaCollection");
+pub const VIRTUAL_MEDIA: Ty = Ty::versioned("VirtualMedia", "v1_6_5");
 pub const MANAGER_COLLECTION: Ty = Ty::collection("ManagerCollection");
 pub const MANAGER: Ty = Ty::versioned("Manager", "v1_24_0");
 pub const CHASSIS_COLLECTION: Ty = Ty::collection("ChassisCollection");
@@ -85,6 +87,7 @@ pub const TYPES: &[Ty] = &[
     NIC_COLLECTION,
     NIC,
     VIRTUAL_MEDIA_COLLECTION,
+    VIRTUAL_MEDIA,
     MANAGER_COLLECTION,
     MANAGER,
     CHASSIS_COLLECTION,
@@ -162,10 +165,12 @@ pub fn get(ctx: &Ctx<'_>, uri: &Uri) -> Result<Value, RfError> {
         Uri::SystemReset(_) => Err(RfError::method_not_allowed(uri.allowed())),
         Uri::EthernetInterfaces(id) => systems::nics(ctx, id),
         Uri::EthernetInterface(id, nic) => systems::nic(ctx, id, nic),
-        Uri::SystemVirtualMedia(id) => systems::virtual_media(ctx, id),
+        Uri::SystemVirtualMedia(id) => virtual_media::collection(ctx, MediaOwner::System, id),
         Uri::Managers => Ok(managers::collection(ctx)),
         Uri::Manager(id) => managers::get(ctx, id),
-        Uri::ManagerVirtualMedia(id) => managers::virtual_media(ctx, id),
+        Uri::ManagerVirtualMedia(id) => virtual_media::collection(ctx, MediaOwner::Manager, id),
+        Uri::VirtualMedia(o, id, dev) => virtual_media::get(ctx, *o, id, dev),
+        Uri::InsertMedia(..) | Uri::EjectMedia(..) => Err(RfError::method_not_allowed(uri.allowed())),
         Uri::ChassisCollection => Ok(chassis::collection(ctx)),
         Uri::Chassis(id) => chassis::get(ctx, id),
         Uri::SessionService => Ok(session_service::service(ctx)),

@@ -1,7 +1,6 @@
 //! Systems: one ComputerSystem per VirtualMachine, `Id` = the VM's `metadata.uid`, `Name` =
-//! `namespace/name`, from the VM and its VMI in the caches; its EthernetInterfaces; and its
-//! VirtualMedia collection (empty until virtual media is implemented; sushy looks for it here
-//! first).
+//! `namespace/name`, from the VM and its VMI in the caches; its EthernetInterfaces; its boot
+//! override ([`api::virtual_media`]); its VirtualMedia are [`super::virtual_media`].
 
 use std::collections::BTreeMap;
 
@@ -12,7 +11,7 @@ use api::phases::PrintableStatus;
 use api::{VirtualMachine, VirtualMachineInstance};
 use kube::ResourceExt;
 
-use super::{link, Ctx, NIC, NIC_COLLECTION, SYSTEM, SYSTEM_COLLECTION, VIRTUAL_MEDIA_COLLECTION};
+use super::{link, Ctx, NIC, NIC_COLLECTION, SYSTEM, SYSTEM_COLLECTION};
 use crate::error::RfError;
 use crate::power::{self, PowerState, ResetType};
 use crate::uri::Uri;
@@ -135,28 +134,6 @@ fn status(vm: &VirtualMachine, state: PowerState) -> Value {
     json!({"State": state, "Health": if critical { "Critical" } else { "OK" }})
 }
 
-/// `Boot`: what it is now and what may be asked for. The override itself is the virtual-media
-/// part's (it makes `BootSourceOverrideTarget`/`Enabled`/`Mode` act on the VM); here it reports
-/// no override and the firmware the VM boots with.
-fn boot(vm: &VirtualMachine) -> Value {
-    let efi = vm
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|s| s.domain.firmware.as_ref())
-        .and_then(|f| f.extra.get("bootloader"))
-        .is_some_and(|b| b.get("efi").is_some());
-    json!({
-        "BootSourceOverrideEnabled": "Disabled",
-        "BootSourceOverrideEnabled@Redfish.AllowableValues": ["Disabled", "Once", "Continuous"],
-        "BootSourceOverrideTarget": "None",
-        "BootSourceOverrideTarget@Redfish.AllowableValues": ["None", "Pxe", "Cd", "Hdd"],
-        "BootSourceOverrideMode": if efi { "UEFI" } else { "Legacy" },
-        "BootSourceOverrideMode@Redfish.AllowableValues": ["Legacy", "UEFI"],
-    })
-}
-
 /// The ComputerSystem of `vm`.
 #[must_use]
 pub fn render(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> Value {
@@ -181,7 +158,7 @@ pub fn render(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> Valu
         "Status": status(vm, state),
         "ProcessorSummary": {"Count": sockets, "CoreCount": cores, "LogicalProcessorCount": dom.vcpus()},
         "MemorySummary": {"TotalSystemMemoryGiB": memory_gib(vm)},
-        "Boot": boot(vm),
+        "Boot": crate::boot::render(vm),
         "EthernetInterfaces": link(&Uri::EthernetInterfaces(uid.clone())),
         "VirtualMedia": link(&Uri::SystemVirtualMedia(uid.clone())),
         "Links": {
@@ -218,12 +195,6 @@ pub fn nic(ctx: &Ctx<'_>, id: &str, name: &str) -> Result<Value, RfError> {
         "LinkStatus": if up { "LinkUp" } else { "LinkDown" },
         "Status": super::status_ok(),
     }))
-}
-
-/// `Systems/{id}/VirtualMedia`: an empty collection for now.
-pub fn virtual_media(ctx: &Ctx<'_>, id: &str) -> Result<Value, RfError> {
-    find(ctx, id)?;
-    Ok(super::collection(VIRTUAL_MEDIA_COLLECTION, "Virtual Media", &Uri::SystemVirtualMedia(id.to_owned()), &[]))
 }
 
 #[cfg(test)]

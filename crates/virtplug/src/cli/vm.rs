@@ -136,8 +136,13 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
         Vm::Get { name } => {
             let vm = vms.get(name).await.map_err(api_err(&format!("get VM {name}")))?;
             let vmi = vmis.get_opt(name).await.ok().flatten();
+            let media = media_line(&client, &c.namespace, &vm).await;
+            let boot = boot_line(&vm);
             match c.output.as_str() {
-                "table" => print_objects("table", &[(vm, vmi)], vm_rows, VM_HEADER)?,
+                "table" => {
+                    print_objects("table", &[(vm, vmi)], vm_rows, VM_HEADER)?;
+                    println!("Virtual media (Cd): {media}\nBoot: {boot}");
+                }
                 o => print_one(o, &VmView { vm, vmi }, |_| Vec::new(), &[])?,
             }
         }
@@ -174,6 +179,34 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The virtual medium in the VM's Cd drive: its image, and where its import stands.
+async fn media_line(client: &kube::Client, ns: &str, vm: &VirtualMachine) -> String {
+    let drive = api::virtual_media::cd_drive(vm);
+    let Some(dv) = api::virtual_media::medium(vm) else { return format!("empty (drive {drive})") };
+    let dvs: Api<api::DataVolume> = Api::namespaced(client.clone(), ns);
+    match dvs.get_opt(&dv).await {
+        Ok(Some(d)) => {
+            let url = d.spec.source.as_ref().and_then(|s| s.http.as_ref()).map_or("?", |h| h.url.as_str()).to_owned();
+            let st = d.status.unwrap_or_default();
+            let phase = st.phase.as_ref().map_or("Pending", |p| p.as_str());
+            let why = st.conditions.iter().find(|c| c.type_ == "Running").and_then(|c| c.message.clone()).filter(|_| phase == "Failed");
+            let progress = st.progress.filter(|_| phase != "Succeeded" && phase != "Failed").map(|p| format!(" {p}")).unwrap_or_default();
+            format!("{url} (drive {drive}, DataVolume {dv}: {phase}{progress}{})", why.map(|w| format!(": {w}")).unwrap_or_default())
+        }
+        Ok(None) => format!("DataVolume {dv} (drive {drive}) does not exist"),
+        Err(e) => format!("DataVolume {dv} (drive {drive}): cannot read it: {e}"),
+    }
+}
+
+/// The VM's boot override and firmware.
+fn boot_line(vm: &VirtualMachine) -> String {
+    let firmware = if api::virtual_media::uefi(vm) { "UEFI" } else { "BIOS" };
+    match api::virtual_media::boot_override(vm) {
+        None => format!("no override; firmware {firmware}"),
+        Some(o) => format!("override {:?} {:?}; firmware {firmware}", o.target, o.enabled),
+    }
 }
 
 /// `start`, `stop`, `restart`: the subresource, then (`-o json|yaml`) the VM as the action left
