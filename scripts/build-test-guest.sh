@@ -4,7 +4,13 @@
 # modules, tests/guest/init and the static vp-observer (tests/guest/observer, built here with
 # cargo into its own target dir so the workspace's build cache is untouched), and a bootable ISO
 # of the same guest (isolinux). Output: $VIRTPLUG_GUEST_DIR (default .cache/guest).
-# The ISO boots with the kernel parameters the harnesses pass (bench/src/lib.rs,
+# Two more images boot the same guest through firmware, each under SeaBIOS and OVMF alike
+# (grub-mkrescue with the i386-pc and x86_64-efi targets: an El Torito CD with a BIOS and an EFI
+# boot image, which is also a hybrid MBR/GPT disk): boot-cd.iso passes vp.medium=cd and
+# boot-disk.img (the same kind of image, a whole number of 512-byte sectors, for a disk)
+# vp.medium=disk; tests/guest/init prints which one booted it and through which firmware
+# ("VP-BOOT medium=cd firmware=efi").
+# The images boot with the kernel parameters the harnesses pass (bench/src/lib.rs,
 # GUEST_KERNEL_ARGS): no_timer_check (under a loaded TCG host the IO-APIC timer check can miss
 # its ticks and panic the kernel: "IO-APIC + timer doesn't work!") and tsc=unstable (the TSC can
 # be calibrated 10-80x wrong under load; tests/guest/init says more).
@@ -17,7 +23,8 @@ RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" CARGO_TARGET_DIR=$obs
   cargo build -q --release --locked -p vp-guest-observer
 observer=$obs_target/release/vp-observer
 stamp_in=$(sha256sum tests/guest/init scripts/build-test-guest.sh "$observer" | sha256sum | cut -c1-16)
-if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp_in" ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initramfs.cpio.gz" ] && [ -f "$out/guest.iso" ]; then
+if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp_in" ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initramfs.cpio.gz" ] && [ -f "$out/guest.iso" ] \
+  && [ -f "$out/boot-cd.iso" ] && [ -f "$out/boot-disk.img" ]; then
   exit 0
 fi
 work=$(mktemp -d)
@@ -49,9 +56,33 @@ iso="$work/iso"
 mkdir -p "$iso/isolinux"
 cp /usr/lib/ISOLINUX/isolinux.bin /usr/lib/syslinux/modules/bios/ldlinux.c32 "$iso/isolinux/"
 cp "$work/vmlinuz" "$work/initramfs.cpio.gz" "$iso/"
-printf 'DEFAULT guest\nPROMPT 0\nTIMEOUT 0\nLABEL guest\n  KERNEL /vmlinuz\n  INITRD /initramfs.cpio.gz\n  APPEND console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable\n' > "$iso/isolinux/isolinux.cfg"
+kernel_args="console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable"
+printf 'DEFAULT guest\nPROMPT 0\nTIMEOUT 0\nLABEL guest\n  KERNEL /vmlinuz\n  INITRD /initramfs.cpio.gz\n  APPEND %s\n' "$kernel_args" > "$iso/isolinux/isolinux.cfg"
 xorriso -as mkisofs -quiet -o "$work/guest.iso" -V VPGUEST -b isolinux/isolinux.bin -c isolinux/boot.cat \
   -no-emul-boot -boot-load-size 4 -boot-info-table "$iso"
-mv "$work/vmlinuz" "$work/initramfs.cpio.gz" "$work/guest.iso" "$out/"
+# Firmware-bootable images (GRUB for BIOS and UEFI). GRUB talks on the serial port too, so a
+# boot that stops in GRUB says why on the console; the kernel prints there by console=ttyS0.
+grub_image() { # medium output
+  local tree="$work/grub-$1"
+  mkdir -p "$tree/boot/grub"
+  cp "$work/vmlinuz" "$work/initramfs.cpio.gz" "$tree/"
+  cat > "$tree/boot/grub/grub.cfg" <<CFG
+set timeout=0
+set default=0
+serial --unit=0 --speed=115200
+terminal_input serial
+terminal_output serial
+menuentry guest {
+  linux /vmlinuz $kernel_args vp.medium=$1
+  initrd /initramfs.cpio.gz
+}
+CFG
+  grub-mkrescue -o "$2" --locales= --fonts= --themes= "$tree" 2>"$work/grub-mkrescue.log" \
+    || { cat "$work/grub-mkrescue.log" >&2; exit 1; }
+  truncate -s %512 "$2"
+}
+grub_image cd "$work/boot-cd.iso"
+grub_image disk "$work/boot-disk.img"
+mv "$work/vmlinuz" "$work/initramfs.cpio.gz" "$work/guest.iso" "$work/boot-cd.iso" "$work/boot-disk.img" "$out/"
 echo "$stamp_in" > "$out/stamp"
 echo "test guest: $out (kernel $kver)"

@@ -2,6 +2,8 @@
 # Installs what virtplug's run and tests need on a fresh Debian 12 machine. Idempotent: a second
 # run changes nothing. QEMU 10 comes from bookworm-backports through private apt lists, so the
 # machine's own apt sources stay untouched (bookworm's QEMU 7.2 would remove qemu-utils 10).
+# ovmf is the UEFI firmware of spec.domain.firmware.bootloader.efi; grub-common (grub-mkrescue),
+# grub-pc-bin, grub-efi-amd64-bin and mtools build the test guest's firmware-bootable images.
 set -euo pipefail
 
 need_root() { [ "$(id -u)" = 0 ] || { echo "install-deps: run as root (apt-get needs it)" >&2; exit 1; }; }
@@ -9,7 +11,8 @@ need_root() { [ "$(id -u)" = 0 ] || { echo "install-deps: run as root (apt-get n
 STATE=${VIRTPLUG_APT_STATE:-/var/cache/virtplug-apt}
 mirror() { awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true; }
 
-base_pkgs=(busybox-static kmod cpio e2fsprogs util-linux etcd-server etcd-client xorriso isolinux syslinux-common python3-venv curl)
+base_pkgs=(busybox-static kmod cpio e2fsprogs util-linux etcd-server etcd-client xorriso isolinux syslinux-common python3-venv curl
+  ovmf grub-common grub-pc-bin grub-efi-amd64-bin mtools)
 missing=()
 for p in "${base_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 qemu_ok=0
