@@ -62,7 +62,7 @@ xorriso -as mkisofs -quiet -o "$work/guest.iso" -V VPGUEST -b isolinux/isolinux.
   -no-emul-boot -boot-load-size 4 -boot-info-table "$iso"
 # Firmware-bootable images (GRUB for BIOS and UEFI). GRUB talks on the serial port too, so a
 # boot that stops in GRUB says why on the console; the kernel prints there by console=ttyS0.
-grub_image() { # medium output
+grub_image() { # medium output [extra kernel args]
   local tree="$work/grub-$1"
   mkdir -p "$tree/boot/grub"
   cp "$work/vmlinuz" "$work/initramfs.cpio.gz" "$tree/"
@@ -73,7 +73,7 @@ serial --unit=0 --speed=115200
 terminal_input serial
 terminal_output serial
 menuentry guest {
-  linux /vmlinuz $kernel_args vp.medium=$1
+  linux /vmlinuz $kernel_args vp.medium=$1${3:+ $3}
   initrd /initramfs.cpio.gz
 }
 CFG
@@ -81,7 +81,9 @@ CFG
     || { cat "$work/grub-mkrescue.log" >&2; exit 1; }
   truncate -s %512 "$2"
 }
-grub_image cd "$work/boot-cd.iso"
+# The CD's guest reboots itself once up (vp.reboot=1), as Ironic's ramdisk does after a deploy:
+# tests see what the firmware boots after a guest-initiated reset in the same QEMU.
+grub_image cd "$work/boot-cd.iso" vp.reboot=1
 grub_image disk "$work/boot-disk.img"
 mv "$work/vmlinuz" "$work/initramfs.cpio.gz" "$work/guest.iso" "$work/boot-cd.iso" "$work/boot-disk.img" "$out/"
 echo "$stamp_in" > "$out/stamp"

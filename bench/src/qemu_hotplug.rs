@@ -136,6 +136,7 @@ async fn boot_once(args: &Args, label: &str, dir: &Path, memory_mib: u64) -> any
         own_mount_namespace: false,
         sandbox: args.sandbox,
         run_as: None,
+        start_paused: false,
     };
     let start = Instant::now();
     let process = qemu::process::launch(&spec).await.with_context(|| format!("{label}: QEMU did not start"))?;

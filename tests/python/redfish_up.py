@@ -34,9 +34,10 @@ def wait_until(deadline_s, what, probe, every=0.2):
 
 
 class Up:
-    def __init__(self, data_dir=None):
+    def __init__(self, data_dir=None, extra_args=()):
         self._tmp = None if data_dir else tempfile.TemporaryDirectory()
         self.data_dir = data_dir or self._tmp.name
+        self.extra_args = list(extra_args)
         self.proc = None
         self.start()
 
@@ -44,7 +45,7 @@ class Up:
         binary = os.environ.get("VIRTPLUG_BIN", os.path.join(REPO, "target", "debug", "virtplug"))
         args = [binary, "up", "--data-dir", self.data_dir, "--listen", "127.0.0.1:0",
                 "--redfish-listen", "127.0.0.1:0", "--node-name", "redfish", "--accel", "tcg",
-                "--boot-file-dir", GUEST, "--stop-vms-on-exit"]
+                "--boot-file-dir", GUEST, "--stop-vms-on-exit"] + self.extra_args
         log = open(os.path.join(self.data_dir, "stderr.log"), "ab")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
         lines = queue.Queue()

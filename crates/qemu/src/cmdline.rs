@@ -94,6 +94,10 @@ pub struct LaunchSpec {
     /// for fd handoff: every later volume reaches it as an open fd; a path it would open later
     /// (bind-mount mode) would be refused to that user.
     pub run_as: Option<String>,
+    /// Start with the vCPUs stopped (`-S`): nothing runs in the guest, the firmware included,
+    /// until QMP `cont`. The node agent uses it to put CD-ROM media in their drives before the
+    /// firmware looks for a boot device.
+    pub start_paused: bool,
 }
 
 impl LaunchSpec {
@@ -132,6 +136,9 @@ impl LaunchSpec {
         }
         push(&["-m", &self.memory_mib.to_string(), "-smp", &self.vcpus.to_string()]);
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-pidfile", &p(&self.pidfile())]);
+        if self.start_paused {
+            push(&["-S"]);
+        }
         if self.sandbox {
             // QEMU changes its uid itself, after its filter is in place: `elevateprivileges`
             // must allow that. A process that is no longer root cannot gain privileges anyway
@@ -389,6 +396,7 @@ pub fn from_vmi(
         own_mount_namespace: false,
         sandbox: true,
         run_as: None,
+        start_paused: false,
     })
 }
 
@@ -503,6 +511,7 @@ mod tests {
             own_mount_namespace: false,
             sandbox: true,
             run_as: Some(name.to_owned()),
+            start_paused: true,
         }
     }
 

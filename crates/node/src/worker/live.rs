@@ -172,6 +172,27 @@ async fn prepare(shared: &Shared, vmi: &Arc<VirtualMachineInstance>, run_dir: &P
     Ok(record)
 }
 
+/// Whether the VMI has CD-ROM media that are plugged by the hot-plug pass (hot-pluggable
+/// volumes in SATA drives: virtual media): QEMU then starts paused, and the worker resumes it
+/// after its first pass, so the firmware finds the media in their drives.
+#[must_use]
+pub(super) fn media_at_boot(vmi: &VirtualMachineInstance) -> bool {
+    let spec = &vmi.spec;
+    spec.domain.devices.disks.iter().any(|d| {
+        d.kind() == api::kubevirt::DiskKind::Cdrom
+            && d.bus().unwrap_or("sata") == "sata"
+            && spec.volumes.iter().any(|v| v.name == d.name && v.is_hotpluggable())
+    })
+}
+
+/// Whether QEMU waits for `cont` since its start (`-S`: status `prelaunch`).
+pub(super) async fn prelaunch(machine: &Machine) -> bool {
+    machine
+        .execute("query-status", serde_json::json!({}))
+        .await
+        .is_ok_and(|s| s.get("status").and_then(|v| v.as_str()) == Some("prelaunch"))
+}
+
 /// Starts QEMU for the VMI and connects to it.
 pub(super) async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir: &Path) -> Result<Live, String> {
     let record = prepare(shared, vmi, run_dir).await?;
@@ -183,6 +204,7 @@ pub(super) async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstanc
     spec.own_mount_namespace = record.cgroup.is_some();
     spec.sandbox = shared.config.qemu_sandbox;
     spec.run_as.clone_from(&shared.config.qemu_user);
+    spec.start_paused = media_at_boot(vmi);
     let process = qemu::process::launch(&spec).await.map_err(|e| client::error_chain(&e))?;
     if let Some(cgroup) = record.cgroup {
         let (host, pid) = (Arc::clone(&shared.host), process.pid);

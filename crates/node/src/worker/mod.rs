@@ -63,6 +63,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         pending_retry: None,
         nmi_done: None,
         boot_order: None,
+        paused_for_media: false,
     };
     loop {
         let current = rx.borrow_and_update().clone();
@@ -123,6 +124,9 @@ struct Worker {
     nmi_done: Option<String>,
     /// The boot order QEMU has ([`bootorder`]; `None`: unknown, after an adoption).
     boot_order: Option<bootorder::Order>,
+    /// QEMU was started paused so that the first pass puts CD-ROM media in their drives
+    /// before the firmware runs ([`live::media_at_boot`]); the pass resumes it.
+    paused_for_media: bool,
 }
 
 /// `spec.terminationGracePeriodSeconds` of `vmi`.
@@ -171,6 +175,8 @@ impl Worker {
     async fn start(&mut self, vmi: &Arc<VirtualMachineInstance>) {
         match live::adopt(&self.shared, vmi, &self.run_dir).await {
             Some(Ok(l)) => {
+                // An agent stopped between the paused start and the first pass: this one resumes.
+                self.paused_for_media = live::prelaunch(&l.machine).await;
                 self.live = Some(l);
                 self.boot_order = None;
             }
@@ -180,6 +186,7 @@ impl Worker {
                     Ok(l) => {
                         self.live = Some(l);
                         self.boot_order = Some(bootorder::wanted(vmi));
+                        self.paused_for_media = live::media_at_boot(vmi);
                     }
                     Err(e) => {
                         set_phase(&self.shared, vmi, VmiPhase::Failed, Some(VmiReason::LaunchFailed), &e).await;
@@ -215,6 +222,16 @@ impl Worker {
                 let r = crate::hotplug::reconcile(&self.shared, vmi, &l.machine, bind.as_ref(), &mut self.volumes).await;
                 self.done_generation = vmi.metadata.generation;
                 self.force = false;
+                if self.paused_for_media {
+                    // The media that could be plugged are in; one still waiting is plugged later
+                    // like any hot-plug (the controller starts a VM only once its virtual media
+                    // are imported), the guest is not held for it.
+                    match l.machine.execute("cont", serde_json::json!({})).await {
+                        Ok(_) => tracing::info!("media in their drives: the guest runs"),
+                        Err(e) => tracing::warn!("cannot resume QEMU after plugging the media: {e}"),
+                    }
+                    self.paused_for_media = false;
+                }
                 r
             }
             Some(_) if running => self.pending_retry,

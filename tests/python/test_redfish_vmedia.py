@@ -1,0 +1,259 @@
+"""Ironic's `redfish-virtual-media` boot, through sushy (Ironic's own Redfish client), against
+the Redfish service of a real `virtplug up`: the ISO served from a loopback HTTP server that
+answers late, imported into a DataVolume, and the guest (the firmware-bootable test images of
+scripts/build-test-guest.sh, under QEMU/TCG) saying on its console which medium it booted from.
+
+The CD image passes `vp.reboot=1`: a guest booted from it reboots itself (a guest-initiated
+reset inside the same QEMU), as Ironic's ramdisk does after deploying, so the test sees whether
+the next boot uses the one-time override again.
+"""
+import http.server
+import os
+import threading
+import time
+
+import pytest
+import requests
+import sushy
+from sushy import auth
+
+from redfish_up import GROUP, GUEST, VERSION, Up, wait_until
+
+BOOT_DEADLINE = 420
+
+
+class Images:
+    """A loopback HTTP server for the images: GUEST's files, answered after `delay` seconds, and
+    the bad ones of the bad-input test. Records when each path was first fully served."""
+
+    def __init__(self):
+        self.delay = 0.0
+        self.served = {}
+        images = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *_):
+                pass
+
+            def do_GET(self):
+                time.sleep(images.delay)
+                name = self.path.lstrip("/")
+                if name == "huge.iso":
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(64 << 30))
+                    self.end_headers()
+                    return
+                if name == "disk.qcow2":
+                    body = b"QFI\xfb" + b"\0" * 4092
+                elif name in ("boot-cd.iso", "boot-disk.img"):
+                    with open(os.path.join(GUEST, name), "rb") as f:
+                        body = f.read()
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                images.served.setdefault(name, time.time())
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def url(self, name):
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{name}"
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def images():
+    i = Images()
+    try:
+        yield i
+    finally:
+        i.close()
+
+
+@pytest.fixture(scope="module")
+def up():
+    # The image server is on loopback, which imports refuse unless allowed.
+    u = Up(extra_args=["--import-allow-host", "127.0.0.1"])
+    try:
+        yield u
+    finally:
+        u.close()
+
+
+@pytest.fixture(autouse=True)
+def own_ca(monkeypatch):
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+
+
+def connect(up):
+    return sushy.Sushy(up.url + "/redfish/v1/", verify=up.ca, auth=auth.SessionOrBasicAuth(username="admin", password=up.password))
+
+
+def system_named(conn, name):
+    for s in conn.get_system_collection().get_members():
+        if s.name == name:
+            return s
+    raise AssertionError(f"no System named {name}")
+
+
+def create_bm(up, images, name):
+    """A VM as metal3 sees a bare-metal host: off, a disk that boots through the firmware
+    (imported from the image server), no kernel boot."""
+    size = os.path.getsize(os.path.join(GUEST, "boot-disk.img"))
+    dv = {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": f"{name}-root"},
+          "spec": {"source": {"http": {"url": images.url("boot-disk.img")}},
+                   "storage": {"resources": {"requests": {"storage": str(size)}}}}}
+    up.api.create_namespaced_custom_object("cdi.kubevirt.io", "v1beta1", "default", "datavolumes", dv)
+    spec = {"terminationGracePeriodSeconds": 1,
+            "domain": {"resources": {"requests": {"memory": "256Mi"}},
+                       "devices": {"disks": [{"name": "root", "bootOrder": 1, "disk": {"bus": "virtio"}}]}},
+            "volumes": [{"name": "root", "dataVolume": {"name": f"{name}-root"}}]}
+    vm = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualMachine", "metadata": {"name": name},
+          "spec": {"runStrategy": "Halted", "template": {"spec": spec}}}
+    up.api.create_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachines", vm)
+
+
+def vm_spec(up, name):
+    return up.api.get_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachines", name)
+
+
+def wait_power(system, state, what):
+    def reached():
+        system.refresh()
+        return system.power_state == state
+    wait_until(BOOT_DEADLINE, what, reached)
+
+
+def boots(console, line):
+    return console.count(line)
+
+
+def test_ironic_virtual_media_sequence_boots_the_cd_once_then_the_disk(up, images):
+    create_bm(up, images, "bm-0")
+    conn = connect(up)
+    system = system_named(conn, "default/bm-0")
+    assert system.managers, "Links.ManagedBy"
+
+    # prepare_ramdisk, in Ironic's order (reference/redfish.md 4.3).
+    system.reset_system(sushy.ResetType.FORCE_OFF)
+    wait_power(system, sushy.PowerState.OFF, "PowerState Off after ForceOff")
+    members = system.virtual_media.get_members()
+    cd = next(m for m in members if sushy.VirtualMediaType.CD in m.media_types)
+    assert not cd.inserted and cd.image is None
+    if cd.inserted:
+        cd.eject_media()
+    images.delay = 3.0  # the ISO answers late: the power-on below must wait for it
+    cd.insert_media(images.url("boot-cd.iso"))
+    if system.boot.mode != sushy.BootSourceOverrideMode.BIOS:
+        system.set_system_boot_options(mode=sushy.BootSourceOverrideMode.BIOS)
+    system.set_system_boot_options(sushy.BootSource.CD, enabled=sushy.BootSourceOverrideEnabled.ONCE)
+    system.refresh()
+    assert system.boot.target == sushy.BootSource.CD and system.boot.enabled == sushy.BootSourceOverrideEnabled.ONCE
+    powered_on = time.time()
+    system.reset_system(sushy.ResetType.ON)
+
+    uid = up.wait_guest_ready("bm-0", deadline_s=BOOT_DEADLINE)
+    vmi = up.vmi("bm-0")
+    wait_until(BOOT_DEADLINE, "the guest booted from the CD", lambda: "VP-BOOT medium=cd firmware=bios" in up.console(uid))
+    assert "boot-cd.iso" in images.served and images.served["boot-cd.iso"] > powered_on, \
+        "the ISO was served only after On was sent: the start waited for it"
+    assert vmi["status"].get("phase") == "Running"
+
+    cd.refresh()
+    assert cd.inserted and cd.image == images.url("boot-cd.iso")
+    system.refresh()
+    assert system.boot.enabled == sushy.BootSourceOverrideEnabled.DISABLED, "Once is used up by the boot"
+    spec = vm_spec(up, "bm-0")["spec"]["template"]["spec"]
+    orders = {d["name"]: d.get("bootOrder") for d in spec["domain"]["devices"]["disks"]}
+    assert orders["root"] == 1, f"the original order is back: {orders}"
+
+    # The CD's guest reboots itself (same QEMU): the firmware now boots the disk.
+    qemu_pid = open(os.path.join(up.data_dir, "node", "vmis", uid, "qemu.pid")).read().strip()
+    wait_until(BOOT_DEADLINE, "the disk's boot after the guest's own reboot",
+               lambda: "VP-BOOT medium=disk firmware=bios" in up.console(uid))
+    assert boots(up.console(uid), "VP-BOOT medium=cd") == 1, "the CD booted exactly once"
+    assert open(os.path.join(up.data_dir, "node", "vmis", uid, "qemu.pid")).read().strip() == qemu_pid
+
+    # A power cycle boots the disk too.
+    system.reset_system(sushy.ResetType.FORCE_OFF)
+    wait_power(system, sushy.PowerState.OFF, "Off after ForceOff")
+    system.reset_system(sushy.ResetType.ON)
+    second = up.wait_guest_ready("bm-0", deadline_s=BOOT_DEADLINE, not_uid=uid)
+    wait_until(BOOT_DEADLINE, "the disk's boot after a power cycle", lambda: "VP-BOOT medium=disk" in up.console(second))
+    assert "medium=cd" not in up.console(second)
+
+    # Ironic's prepare_instance: eject, Hdd persistent.
+    cd.refresh()
+    cd.eject_media()
+    system.set_system_boot_options(sushy.BootSource.HDD, enabled=sushy.BootSourceOverrideEnabled.CONTINUOUS)
+    system.refresh()
+    assert system.boot.enabled == sushy.BootSourceOverrideEnabled.CONTINUOUS and system.boot.target == sushy.BootSource.HDD
+    wait_until(120, "the ejected medium gone from the drive", lambda: (cd.refresh() or True) and not cd.inserted)
+    assert cd.image is None
+    system.reset_system(sushy.ResetType.FORCE_OFF)
+    wait_power(system, sushy.PowerState.OFF, "Off at the end")
+
+
+def test_continuous_cd_boots_the_cd_at_every_reboot(up, images):
+    create_bm(up, images, "bm-1")
+    system = system_named(connect(up), "default/bm-1")
+    cd = system.virtual_media.get_members()[0]
+    # Override first, medium second: the same spec as the other order.
+    system.set_system_boot_options(sushy.BootSource.CD, enabled=sushy.BootSourceOverrideEnabled.CONTINUOUS)
+    images.delay = 0
+    cd.insert_media(images.url("boot-cd.iso"))
+    system.reset_system(sushy.ResetType.ON)
+    uid = up.wait_guest_ready("bm-1", deadline_s=BOOT_DEADLINE)
+    wait_until(BOOT_DEADLINE, "two CD boots in one QEMU (Continuous survives the guest's reboot)",
+               lambda: boots(up.console(uid), "VP-BOOT medium=cd") >= 2)
+    system.refresh()
+    assert system.boot.enabled == sushy.BootSourceOverrideEnabled.CONTINUOUS
+    system.reset_system(sushy.ResetType.FORCE_OFF)
+    wait_power(system, sushy.PowerState.OFF, "Off at the end")
+
+
+def post(up, path, body):
+    return requests.post(up.url + path, json=body, verify=up.ca, auth=("admin", up.password), timeout=60)
+
+
+def test_bad_images_are_refused_or_fail_the_task_naming_the_cause(up, images):
+    create_bm(up, images, "bm-2")
+    system = system_named(connect(up), "default/bm-2")
+    insert = f"/redfish/v1/Systems/{system.identity}/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia"
+    before = vm_spec(up, "bm-2")["spec"]
+    for bad in ("file:///etc/passwd", "gopher://127.0.0.1/x", "not a url"):
+        r = post(up, insert, {"Image": bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert "ActionParameterValueFormatError" in r.text and "Image" in r.text
+    r = post(up, insert, {"Image": images.url("boot-cd.iso"), "TransferProtocolType": "NFS"})
+    assert r.status_code == 400 and "TransferProtocolType" in r.text
+    r = post(up, insert, {"Image": images.url("boot-cd.iso"), "Bogus": 1})
+    assert r.status_code == 400 and "ActionParameterUnknown" in r.text
+    assert vm_spec(up, "bm-2")["spec"] == before, "refused requests change nothing"
+
+    closed = images.url("x").replace(str(images.httpd.server_address[1]), "9")
+    for url, cause in ((images.url("missing.iso"), "404"), (images.url("huge.iso"), "larger"),
+                       (images.url("disk.qcow2"), "qcow2"), (closed + ".iso", "connect")):
+        r = post(up, insert, {"Image": url})
+        if r.status_code == 202:
+            task = r.headers["Location"]
+
+            def done():
+                t = requests.get(up.url + task, verify=up.ca, auth=("admin", up.password), timeout=30).json()
+                return t if t["TaskState"] != "Running" else None
+            t = wait_until(600, f"the insert task of {url} to end", done, every=1)
+            assert t["TaskState"] == "Exception", t
+            text = str(t["Messages"])
+        else:
+            assert r.status_code == 409, r.text
+            text = r.text
+        assert cause in text.lower() or cause in text, (url, text)
+        system.refresh()
+        assert system.power_state == sushy.PowerState.OFF
