@@ -151,8 +151,8 @@ def test_ironic_virtual_media_sequence_boots_the_cd_once_then_the_disk(up, image
         cd.eject_media()
     images.delay = 3.0  # the ISO answers late: the power-on below must wait for it
     cd.insert_media(images.url("boot-cd.iso"))
-    if system.boot.mode != sushy.BootSourceOverrideMode.BIOS:
-        system.set_system_boot_options(mode=sushy.BootSourceOverrideMode.BIOS)
+    if system.boot.mode != sushy.BootSourceOverrideMode.LEGACY:
+        system.set_system_boot_options(mode=sushy.BootSourceOverrideMode.LEGACY)
     system.set_system_boot_options(sushy.BootSource.CD, enabled=sushy.BootSourceOverrideEnabled.ONCE)
     system.refresh()
     assert system.boot.target == sushy.BootSource.CD and system.boot.enabled == sushy.BootSourceOverrideEnabled.ONCE
