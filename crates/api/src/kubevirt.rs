@@ -391,6 +391,52 @@ pub struct Cpu {
 pub struct Firmware {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_boot: Option<KernelBoot>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootloader: Option<Bootloader>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// `spec.domain.firmware.bootloader`: which firmware boots the guest, BIOS (SeaBIOS, KubeVirt's
+/// default) or UEFI (OVMF). Admission refuses both at once.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Bootloader {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bios: Option<BiosBootloader>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efi: Option<EfiBootloader>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// `bootloader.bios`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BiosBootloader {
+    /// KubeVirt: SeaBIOS also prints to the serial console. Accepted and ignored here: the
+    /// serial console is always there, and the test media print their own lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_serial: Option<bool>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// `bootloader.efi`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EfiBootloader {
+    /// KubeVirt's default is `true`; virtplug has no secure-boot OVMF, so admission refuses
+    /// `true` and a missing value means `false` here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_boot: Option<bool>,
+    /// KubeVirt: keep the NVRAM (EFI variables) across VMI restarts. virtplug keeps them per
+    /// run directory either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent: Option<bool>,
     #[serde(flatten)]
     #[schemars(skip)]
     pub extra: Extra,

@@ -331,7 +331,26 @@ fn host_path(path: &str, field: &str) -> Vec<Cause> {
     causes
 }
 
-/// `spec.domain`: CPU topology, memory, kernel boot.
+/// The message for `efi.secureBoot: true`.
+pub const SECURE_BOOT_UNSUPPORTED: &str = "secureBoot is not supported here (no SMM/secure-boot OVMF build); set secureBoot: false";
+
+/// `spec.domain.firmware.bootloader`: one of `bios` and `efi`; no secure boot (virtplug runs
+/// OVMF without SMM, which a secure-boot OVMF build needs). `efi` with `kernelBoot` is allowed:
+/// QEMU hands the kernel to OVMF, which starts it (the test guest boots so).
+fn bootloader(spec: &VirtualMachineInstanceSpec, prefix: &str) -> Vec<Cause> {
+    let Some(b) = spec.domain.firmware.as_ref().and_then(|f| f.bootloader.as_ref()) else { return Vec::new() };
+    let field = format!("{prefix}.domain.firmware.bootloader");
+    let mut causes = Vec::new();
+    if b.bios.is_some() && b.efi.is_some() {
+        causes.push(Cause::new(CauseType::Invalid, field.clone(), "bios and efi are mutually exclusive; keep one of them"));
+    }
+    if b.efi.as_ref().and_then(|e| e.secure_boot) == Some(true) {
+        causes.push(Cause::new(CauseType::NotSupported, format!("{field}.efi.secureBoot"), SECURE_BOOT_UNSUPPORTED));
+    }
+    causes
+}
+
+/// `spec.domain`: CPU topology, memory, kernel boot, bootloader.
 fn domain(spec: &VirtualMachineInstanceSpec, prefix: &str) -> Vec<Cause> {
     let mut causes = Vec::new();
     let dom = &spec.domain;
@@ -350,6 +369,7 @@ fn domain(spec: &VirtualMachineInstanceSpec, prefix: &str) -> Vec<Cause> {
             causes.push(Cause::new(CauseType::Invalid, format!("{prefix}.domain.{name}"), m));
         }
     }
+    causes.extend(bootloader(spec, prefix));
     if let Some(kb) = dom.firmware.as_ref().and_then(|f| f.kernel_boot.as_ref()) {
         let field = format!("{prefix}.domain.firmware.kernelBoot");
         if let Some(c) = &kb.container {
@@ -474,6 +494,35 @@ mod tests {
                 assert_eq!(c[0].field, "spec.template.spec.domain.firmware.kernelBoot.container.kernelPath");
             }
         }
+    }
+
+    #[test]
+    fn bootloader_is_bios_or_efi_without_secure_boot() {
+        for (bootloader, fields) in [
+            (json!({"bios": {"useSerial": true}}), vec![]),
+            (json!({"efi": {}}), vec![]),
+            (json!({"efi": {"secureBoot": false, "persistent": true}}), vec![]),
+            (json!({"bios": {}, "efi": {}}), vec!["spec.template.spec.domain.firmware.bootloader"]),
+            (json!({"efi": {"secureBoot": true}}), vec!["spec.template.spec.domain.firmware.bootloader.efi.secureBoot"]),
+        ] {
+            let mut v = vm(&json!([]), &json!([]));
+            v["spec"]["template"]["spec"]["domain"]["firmware"] = json!({"bootloader": bootloader});
+            let c = validate_vm(&v);
+            assert_eq!(c.iter().map(|c| c.field.as_str()).collect::<Vec<_>>(), fields, "{bootloader}: {c:?}");
+            if bootloader["efi"]["secureBoot"] == json!(true) {
+                assert_eq!(c[0].message, SECURE_BOOT_UNSUPPORTED);
+            }
+        }
+    }
+
+    #[test]
+    fn efi_with_kernel_boot_is_allowed() {
+        // QEMU loads the kernel through fw_cfg and OVMF starts it (crates/qemu/tests/firmware.rs
+        // boots the test guest so).
+        let mut v = vm(&json!([]), &json!([]));
+        v["spec"]["template"]["spec"]["domain"]["firmware"] =
+            json!({"bootloader": {"efi": {"secureBoot": false}}, "kernelBoot": {"container": {"kernelPath": "/var/lib/k"}}});
+        assert_eq!(validate_vm(&v), vec![]);
     }
 
     #[test]

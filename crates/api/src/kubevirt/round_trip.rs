@@ -13,7 +13,9 @@ fn vmi() -> Value {
         "spec": {
             "domain": {"devices": {"disks": [{"name": "hp", "disk": {"bus": "scsi", "future": 1}, "blockSize": {"custom": {}}}],
                        "interfaces": [{"name": "default"}]},
-                       "machine": {"type": "q35"}},
+                       "machine": {"type": "q35"},
+                       "firmware": {"bootloader": {"efi": {"secureBoot": false, "persistent": true, "future": 2}, "newLoader": {}},
+                                    "uuid": "u1", "kernelBoot": {"kernelArgs": "a", "newKnob": 1}}},
             "volumes": [{"name": "hp", "dataVolume": {"name": "hp-dv", "hotpluggable": true, "x": "y"}},
                         {"name": "cd", "containerDisk": {"image": "img"}},
                         {"name": "e", "emptyDisk": {"capacity": "1Gi", "newKnob": true}}],
