@@ -136,6 +136,7 @@ async fn boot_once(args: &Args, label: &str, dir: &Path, memory_mib: u64) -> any
         own_mount_namespace: false,
         sandbox: args.sandbox,
         run_as: None,
+        firmware: qemu::Firmware::Bios,
         start_paused: false,
     };
     let start = Instant::now();

@@ -5,7 +5,8 @@
 //! at start and empty when they have no medium; boot disks on virtio-blk (or AHCI for `sata`);
 //! `bootOrder` becomes `bootindex`; serial console on a unix socket with a log file; QMP on a
 //! unix socket; a pidfile (QEMU runs in a session of its own, see [`crate::process::launch`]);
-//! its seccomp sandbox. No network unless user-mode networking is asked for.
+//! its seccomp sandbox. No network unless user-mode networking is asked for. SeaBIOS, or OVMF
+//! for `firmware.bootloader.efi` ([`crate::firmware`]).
 //!
 //! Kernel boot in the embedded deployment: `firmware.kernelBoot.container` with no `image` (or
 //! `image: local`) names host files in `kernelPath` and `initrdPath`; `kernelArgs` is the
@@ -18,6 +19,7 @@ use serde_json::json;
 
 use crate::accel::Resolved;
 use crate::bootfiles::AllowedDirs;
+use crate::firmware::Firmware;
 use crate::opts::Opts;
 
 /// The virtio-scsi controller reserved for hot-plug; its bus is `hotplug-scsi.0`.
@@ -94,9 +96,11 @@ pub struct LaunchSpec {
     /// for fd handoff: every later volume reaches it as an open fd; a path it would open later
     /// (bind-mount mode) would be refused to that user.
     pub run_as: Option<String>,
-    /// Start with the vCPUs stopped (`-S`): nothing runs in the guest, the firmware included,
-    /// until QMP `cont`. The node agent uses it to put CD-ROM media in their drives before the
-    /// firmware looks for a boot device.
+    /// SeaBIOS or OVMF.
+    pub firmware: Firmware,
+    /// Start with the vCPUs stopped (`-S`): no guest code, firmware included, runs until
+    /// [`crate::Machine::resume`]. For changes that must be in place before the firmware looks
+    /// (a CD-ROM medium inserted over QMP for a one-time boot from it).
     pub start_paused: bool,
 }
 
@@ -130,9 +134,10 @@ impl LaunchSpec {
         let mut a: Vec<String> = Vec::new();
         let mut push = |items: &[&str]| a.extend(items.iter().map(|s| (*s).to_owned()));
         push(&["-name", &Opts::new().set("guest", &self.name).set("debug-threads", "on").build()]);
+        push(&["-machine", &self.firmware.machine_arg()]);
         match self.accel {
-            Resolved::Kvm => push(&["-machine", "q35", "-accel", "kvm", "-cpu", "host"]),
-            Resolved::Tcg => push(&["-machine", "q35", "-accel", "tcg", "-cpu", "max"]),
+            Resolved::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
+            Resolved::Tcg => push(&["-accel", "tcg", "-cpu", "max"]),
         }
         push(&["-m", &self.memory_mib.to_string(), "-smp", &self.vcpus.to_string()]);
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-pidfile", &p(&self.pidfile())]);
@@ -166,6 +171,7 @@ impl LaunchSpec {
                 push(&["-initrd", &p(i)]);
             }
         }
+        a.extend(self.firmware.blockdev_args());
         for arg in self.drive_args() {
             a.push(arg);
         }
@@ -227,6 +233,7 @@ pub fn audit(args: &[String]) -> Result<(), String> {
         let (flag, arg) = (w[0].as_str(), w[1].as_str());
         let allowed: &[&str] = match flag {
             "-name" => &["guest", "debug-threads"],
+            "-machine" => &["", "pflash0", "pflash1"],
             "-chardev" => &["", "id", "path", "server", "wait", "logfile", "logappend"],
             "-run-with" => &["user"],
             "-mon" => &["chardev", "mode"],
@@ -342,6 +349,7 @@ pub fn from_vmi(
             })
         }
     };
+    let firmware = firmware(dom, run_dir)?;
     let mut cdrom_drives = Vec::new();
     let mut boot_disks = Vec::new();
     for (i, d) in dom.devices.disks.iter().enumerate() {
@@ -396,8 +404,29 @@ pub fn from_vmi(
         own_mount_namespace: false,
         sandbox: true,
         run_as: None,
+        firmware,
         start_paused: false,
     })
+}
+
+/// `spec.domain.firmware.bootloader`: `efi` is OVMF with the VM's variable store in `run_dir`;
+/// `bios` or nothing is SeaBIOS (KubeVirt's default too). `kernelBoot` works under either: QEMU
+/// hands the kernel to the firmware through fw_cfg.
+///
+/// # Errors
+/// What admission refuses ([`api::validation`]), for a spec from an API server without it:
+/// both `bios` and `efi`, or `efi.secureBoot: true`.
+fn firmware(dom: &api::kubevirt::DomainSpec, run_dir: &Path) -> Result<Firmware, CmdlineError> {
+    const FIELD: &str = "spec.domain.firmware.bootloader";
+    let Some(b) = dom.firmware.as_ref().and_then(|f| f.bootloader.as_ref()) else { return Ok(Firmware::Bios) };
+    match (&b.bios, &b.efi) {
+        (Some(_), Some(_)) => Err(invalid(FIELD, "bios and efi are mutually exclusive; keep one of them")),
+        (_, Some(efi)) if efi.secure_boot == Some(true) => {
+            Err(invalid(format!("{FIELD}.efi.secureBoot"), api::validation::SECURE_BOOT_UNSUPPORTED))
+        }
+        (_, Some(_)) => Ok(Firmware::efi(run_dir)),
+        (_, None) => Ok(Firmware::Bios),
+    }
 }
 
 #[cfg(test)]
@@ -450,6 +479,58 @@ mod tests {
         ] {
             assert!(args.contains(want), "missing {want:?} in {args}");
         }
+    }
+
+    #[test]
+    fn bootloader_efi_maps_to_ovmf_flash_and_bios_to_the_default() {
+        let run = Path::new("/run/vm1");
+        let launch = |fw: Value| {
+            let s = spec(json!({"domain": {"devices": {}, "firmware": fw}}));
+            from_vmi(&s, "vm1", run, Resolved::Tcg, &AllowedDirs::default(), |_| None)
+        };
+        let l = launch(json!({"bootloader": {"efi": {"secureBoot": false}}})).unwrap();
+        assert_eq!(l.firmware, Firmware::efi(run));
+        let args = l.args();
+        audit(&args).unwrap();
+        let args = args.join(" ");
+        for want in [
+            "-machine q35,pflash0=ovmf-code,pflash1=ovmf-vars -accel tcg",
+            r#"-blockdev {"driver":"raw","node-name":"ovmf-code","read-only":true,"file":{"driver":"file","filename":"/usr/share/OVMF/OVMF_CODE_4M.fd","read-only":true}}"#,
+            r#"-blockdev {"driver":"raw","node-name":"ovmf-vars","read-only":false,"file":{"driver":"file","filename":"/run/vm1/efivars.fd","read-only":false}}"#,
+        ] {
+            assert!(args.contains(want), "missing {want:?} in {args}");
+        }
+        assert!(!args.contains(" -S "), "not paused unless asked: {args}");
+        for fw in [json!({}), json!({"bootloader": {"bios": {"useSerial": true}}}), json!({"bootloader": {}})] {
+            let l = launch(fw.clone()).unwrap();
+            assert_eq!(l.firmware, Firmware::Bios, "{fw}");
+            let args = l.args().join(" ");
+            assert!(args.contains("-machine q35 -accel") && !args.contains("pflash"), "{args}");
+        }
+        // What admission refuses, refused again for a spec that did not pass it.
+        let e = launch(json!({"bootloader": {"bios": {}, "efi": {}}})).unwrap_err().to_string();
+        assert!(e.starts_with("spec.domain.firmware.bootloader: "), "{e}");
+        let e = launch(json!({"bootloader": {"efi": {"secureBoot": true}}})).unwrap_err().to_string();
+        assert_eq!(e, format!("spec.domain.firmware.bootloader.efi.secureBoot: {}", api::validation::SECURE_BOOT_UNSUPPORTED));
+    }
+
+    #[test]
+    fn start_paused_adds_dash_s() {
+        let mut l = launch("vm", "d", "s", "/run/vm");
+        l.start_paused = true;
+        let args = l.args();
+        assert_eq!(args.iter().filter(|a| *a == "-S").count(), 1, "{args:?}");
+        audit(&args).unwrap();
+    }
+
+    #[test]
+    fn the_audit_refuses_machine_options_it_never_sets() {
+        for machine in ["q35,smm=on", "q35,pflash0=a,pflash0=b", "q35,memory-backend=m"] {
+            let args: Vec<String> = ["-machine", machine].map(str::to_owned).into();
+            assert!(audit(&args).is_err(), "{machine}");
+        }
+        let args: Vec<String> = ["-machine", "q35,pflash0=ovmf-code,pflash1=ovmf-vars"].map(str::to_owned).into();
+        audit(&args).unwrap();
     }
 
     #[test]
@@ -511,7 +592,8 @@ mod tests {
             own_mount_namespace: false,
             sandbox: true,
             run_as: Some(name.to_owned()),
-            start_paused: true,
+            firmware: Firmware::Efi { code: PathBuf::from(path).join("code.fd"), vars: PathBuf::from(path).join("vars.fd") },
+            start_paused: serial.len().is_multiple_of(3),
         }
     }
 

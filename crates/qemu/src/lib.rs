@@ -2,6 +2,7 @@
 //!
 //! - [`accel`]: choosing KVM or TCG, never an accelerator that cannot run the guest.
 //! - [`cmdline`]: the command line of a VMI (q35, hot-plug SCSI bus, AHCI CD-ROMs, kernel boot).
+//! - [`firmware`]: SeaBIOS or OVMF (its flash devices and the VM's EFI variable store).
 //! - [`process`]: launch in a session of its own under its seccomp sandbox, adopt from the pidfile, stop by PID.
 //! - [`qmp`]: the QMP seam ([`qmp::Monitor`]), its async client with SCM_RIGHTS fd passing
 //!   ([`Qmp`]), and a scripted fake for tests.
@@ -16,6 +17,7 @@ pub mod accel;
 pub mod bootfiles;
 pub mod cmdline;
 pub mod console;
+pub mod firmware;
 pub mod hotplug;
 pub mod inventory;
 pub mod machine;
@@ -27,6 +29,7 @@ pub mod qmp;
 
 pub use accel::Accel;
 pub use cmdline::LaunchSpec;
+pub use firmware::Firmware;
 pub use hotplug::{Attach, DeviceKind, OpError, Source, Staged, UNPLUG_DEADLINE};
 pub use inventory::{Attached, Drive, Inventory};
 pub use machine::Machine;

@@ -113,6 +113,16 @@ impl Machine {
             .map(|_| ())
     }
 
+    /// Starts the vCPUs of a QEMU started paused ([`LaunchSpec::start_paused`](crate::LaunchSpec)),
+    /// or stopped (QMP `cont`). The guest (its firmware first) runs from here; a QEMU already
+    /// running stays so (`cont` succeeds).
+    ///
+    /// # Errors
+    /// The QMP error.
+    pub async fn resume(&self) -> Result<(), QmpError> {
+        self.command("cont", json!({})).await.map(|_| ())
+    }
+
     /// Injects a non-maskable interrupt into every vCPU (QMP `inject-nmi`): the guest's NMI
     /// handler runs (Linux logs it, or panics with `unknown_nmi_panic`), as a BMC's diagnostic
     /// interrupt does (Redfish `ResetType: Nmi`).
@@ -147,6 +157,14 @@ mod tests {
 
     use super::*;
     use crate::qmp::fake::Fake;
+
+    #[tokio::test]
+    async fn resume_sends_cont() {
+        let fake = Arc::new(Fake::new());
+        let m = Machine::new(Arc::clone(&fake));
+        m.resume().await.unwrap();
+        assert_eq!((fake.calls()[0].command.as_str(), &fake.calls()[0].args), ("cont", &json!({})));
+    }
 
     #[tokio::test]
     async fn inject_nmi_sends_inject_nmi_and_reports_a_refusal() {

@@ -32,6 +32,12 @@ pub enum ProcessError {
     },
     #[error("QEMU for {name} failed to start: {stderr}")]
     Failed { name: String, stderr: String },
+    #[error("cannot prepare the firmware of {name}")]
+    Firmware {
+        name: String,
+        #[source]
+        source: crate::firmware::VarsError,
+    },
     #[error("no running QEMU for run dir {run_dir}: {why}")]
     NotRunning { run_dir: PathBuf, why: String },
 }
@@ -57,10 +63,16 @@ const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 /// while we live; after that, init does.
 ///
 /// # Errors
-/// `RunDir`, `Spawn`, or `Failed` with QEMU's own message (from `qemu.log`) when it exits
+/// `RunDir`, `Firmware` (the EFI variable store cannot be created), `Spawn`, or `Failed` with
+/// QEMU's own message (from `qemu.log`) when it exits
 /// before answering, or does not answer within a minute.
 pub async fn launch(spec: &LaunchSpec) -> Result<Process, ProcessError> {
     let log = prepare(spec).await?;
+    let firmware = spec.firmware.clone();
+    tokio::task::spawn_blocking(move || firmware.prepare_vars())
+        .await
+        .map_err(|e| ProcessError::RunDir { path: spec.run_dir.clone(), source: std::io::Error::other(e) })?
+        .map_err(|source| ProcessError::Firmware { name: spec.name.clone(), source })?;
     let log_path = spec.run_dir.join("qemu.log");
     let args = spec.args();
     crate::cmdline::audit(&args)

@@ -69,6 +69,7 @@ fn launch_spec(dir: &Path) -> LaunchSpec {
         own_mount_namespace: false,
         sandbox: true,
         run_as: None,
+        firmware: qemu::Firmware::Bios,
         start_paused: false,
     }
 }
