@@ -112,7 +112,8 @@ def create_bm(up, images, name):
                    "storage": {"resources": {"requests": {"storage": str(size)}}}}}
     up.api.create_namespaced_custom_object("cdi.kubevirt.io", "v1beta1", "default", "datavolumes", dv)
     spec = {"terminationGracePeriodSeconds": 1,
-            "domain": {"resources": {"requests": {"memory": "256Mi"}},
+            # 512 MiB: GRUB under OVMF runs out of memory with 256.
+            "domain": {"resources": {"requests": {"memory": "512Mi"}},
                        "devices": {"disks": [{"name": "root", "bootOrder": 1, "disk": {"bus": "virtio"}}]}},
             "volumes": [{"name": "root", "dataVolume": {"name": f"{name}-root"}}]}
     vm = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualMachine", "metadata": {"name": name},
@@ -135,10 +136,12 @@ def boots(console, line):
     return console.count(line)
 
 
-def test_ironic_virtual_media_sequence_boots_the_cd_once_then_the_disk(up, images):
-    create_bm(up, images, "bm-0")
+@pytest.mark.parametrize("mode,firmware", [(sushy.BootSourceOverrideMode.LEGACY, "bios"), (sushy.BootSourceOverrideMode.UEFI, "efi")])
+def test_ironic_virtual_media_sequence_boots_the_cd_once_then_the_disk(up, images, mode, firmware):
+    name = f"bm-{firmware}"
+    create_bm(up, images, name)
     conn = connect(up)
-    system = system_named(conn, "default/bm-0")
+    system = system_named(conn, f"default/{name}")
     assert system.managers, "Links.ManagedBy"
 
     # prepare_ramdisk, in Ironic's order (reference/redfish.md 4.3).
@@ -151,17 +154,19 @@ def test_ironic_virtual_media_sequence_boots_the_cd_once_then_the_disk(up, image
         cd.eject_media()
     images.delay = 3.0  # the ISO answers late: the power-on below must wait for it
     cd.insert_media(images.url("boot-cd.iso"))
-    if system.boot.mode != sushy.BootSourceOverrideMode.LEGACY:
-        system.set_system_boot_options(mode=sushy.BootSourceOverrideMode.LEGACY)
+    if system.boot.mode != mode:
+        system.set_system_boot_options(mode=mode)
+        system.refresh()
+        assert system.boot.mode == mode
     system.set_system_boot_options(sushy.BootSource.CD, enabled=sushy.BootSourceOverrideEnabled.ONCE)
     system.refresh()
     assert system.boot.target == sushy.BootSource.CD and system.boot.enabled == sushy.BootSourceOverrideEnabled.ONCE
     powered_on = time.time()
     system.reset_system(sushy.ResetType.ON)
 
-    uid = up.wait_guest_ready("bm-0", deadline_s=BOOT_DEADLINE)
-    vmi = up.vmi("bm-0")
-    wait_until(BOOT_DEADLINE, "the guest booted from the CD", lambda: "VP-BOOT medium=cd firmware=bios" in up.console(uid))
+    uid = up.wait_guest_ready(name, deadline_s=BOOT_DEADLINE)
+    vmi = up.vmi(name)
+    wait_until(BOOT_DEADLINE, "the guest booted from the CD", lambda: f"VP-BOOT medium=cd firmware={firmware}" in up.console(uid))
     assert "boot-cd.iso" in images.served and images.served["boot-cd.iso"] > powered_on, \
         "the ISO was served only after On was sent: the start waited for it"
     assert vmi["status"].get("phase") == "Running"
@@ -170,14 +175,14 @@ def test_ironic_virtual_media_sequence_boots_the_cd_once_then_the_disk(up, image
     assert cd.inserted and cd.image == images.url("boot-cd.iso")
     system.refresh()
     assert system.boot.enabled == sushy.BootSourceOverrideEnabled.DISABLED, "Once is used up by the boot"
-    spec = vm_spec(up, "bm-0")["spec"]["template"]["spec"]
+    spec = vm_spec(up, name)["spec"]["template"]["spec"]
     orders = {d["name"]: d.get("bootOrder") for d in spec["domain"]["devices"]["disks"]}
     assert orders["root"] == 1, f"the original order is back: {orders}"
 
     # The CD's guest reboots itself (same QEMU): the firmware now boots the disk.
     qemu_pid = open(os.path.join(up.data_dir, "node", "vmis", uid, "qemu.pid")).read().strip()
     wait_until(BOOT_DEADLINE, "the disk's boot after the guest's own reboot",
-               lambda: "VP-BOOT medium=disk firmware=bios" in up.console(uid))
+               lambda: f"VP-BOOT medium=disk firmware={firmware}" in up.console(uid))
     assert boots(up.console(uid), "VP-BOOT medium=cd") == 1, "the CD booted exactly once"
     assert open(os.path.join(up.data_dir, "node", "vmis", uid, "qemu.pid")).read().strip() == qemu_pid
 
@@ -185,7 +190,7 @@ def test_ironic_virtual_media_sequence_boots_the_cd_once_then_the_disk(up, image
     system.reset_system(sushy.ResetType.FORCE_OFF)
     wait_power(system, sushy.PowerState.OFF, "Off after ForceOff")
     system.reset_system(sushy.ResetType.ON)
-    second = up.wait_guest_ready("bm-0", deadline_s=BOOT_DEADLINE, not_uid=uid)
+    second = up.wait_guest_ready(name, deadline_s=BOOT_DEADLINE, not_uid=uid)
     wait_until(BOOT_DEADLINE, "the disk's boot after a power cycle", lambda: "VP-BOOT medium=disk" in up.console(second))
     assert "medium=cd" not in up.console(second)
 
