@@ -2,6 +2,7 @@
 ($VIRTPLUG_BIN), loopback only, an ephemeral port for each listener, a data dir of its own.
 Stopping it kills, by PID, only what it started: `up` and the QEMUs under its data dir.
 """
+import http.server
 import os
 import queue
 import re
@@ -146,3 +147,48 @@ class Up:
         uid = vmi["metadata"]["uid"]
         wait_until(deadline_s, f"the guest of {name} ready (VP-READY on its console)", lambda: "VP-READY" in self.console(uid))
         return uid
+
+
+class Images:
+    """A loopback HTTP server for the images: GUEST's files, answered after `delay` seconds, and
+    the bad ones of the bad-input test. Records when each path was first fully served."""
+
+    def __init__(self):
+        self.delay = 0.0
+        self.served = {}
+        images = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *_):
+                pass
+
+            def do_GET(self):
+                time.sleep(images.delay)
+                name = self.path.lstrip("/")
+                if name == "huge.iso":
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(64 << 30))
+                    self.end_headers()
+                    return
+                if name == "disk.qcow2":
+                    body = b"QFI\xfb" + b"\0" * 4092
+                elif name in ("boot-cd.iso", "boot-disk.img"):
+                    with open(os.path.join(GUEST, name), "rb") as f:
+                        body = f.read()
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                images.served.setdefault(name, time.time())
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def url(self, name):
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{name}"
+
+    def close(self):
+        self.httpd.shutdown()

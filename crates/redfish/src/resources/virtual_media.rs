@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use super::{link, Ctx, VIRTUAL_MEDIA, VIRTUAL_MEDIA_COLLECTION};
+use super::{Ctx, VIRTUAL_MEDIA, VIRTUAL_MEDIA_COLLECTION};
 use crate::error::RfError;
 use crate::media::{self, DEVICE};
 use crate::uri::{MediaOwner, Uri};
@@ -70,7 +70,6 @@ pub fn get(ctx: &Ctx<'_>, owner: MediaOwner, id: &str, dev: &str) -> Result<Valu
             "#VirtualMedia.InsertMedia": insert,
             "#VirtualMedia.EjectMedia": actions(&Uri::EjectMedia(owner, id.to_owned(), dev.to_owned())),
         },
-        "Links": {"Systems": [link(&Uri::System(id.to_owned()))]},
     }))
 }
 
