@@ -156,6 +156,8 @@ class Images:
     def __init__(self):
         self.delay = 0.0
         self.served = {}
+        # Extra images by name (bytes), e.g. small media for the race harness.
+        self.extra = {}
         images = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -172,6 +174,8 @@ class Images:
                     return
                 if name == "disk.qcow2":
                     body = b"QFI\xfb" + b"\0" * 4092
+                elif name in images.extra:
+                    body = images.extra[name]
                 elif name in ("boot-cd.iso", "boot-disk.img"):
                     with open(os.path.join(GUEST, name), "rb") as f:
                         body = f.read()
