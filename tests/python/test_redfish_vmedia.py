@@ -13,6 +13,7 @@ import time
 import pytest
 import requests
 import sushy
+from kubernetes import client
 from sushy import auth
 
 from redfish_up import GROUP, GUEST, VERSION, Images, Up, wait_until
@@ -116,6 +117,8 @@ def test_ironic_virtual_media_sequence_boots_the_cd_once_then_the_disk(up, image
     assert system.boot.target == sushy.BootSource.CD and system.boot.enabled == sushy.BootSourceOverrideEnabled.ONCE
     powered_on = time.time()
     system.reset_system(sushy.ResetType.ON)
+    system.refresh()
+    assert system.power_state == sushy.PowerState.POWERING_ON, "On is accepted while the ISO imports; the VM waits for it"
 
     uid = up.wait_guest_ready(name, deadline_s=BOOT_DEADLINE)
     vmi = up.vmi(name)
@@ -197,21 +200,97 @@ def test_bad_images_are_refused_or_fail_the_task_naming_the_cause(up, images):
     assert vm_spec(up, "bm-2")["spec"] == before, "refused requests change nothing"
 
     closed = images.url("x").replace(str(images.httpd.server_address[1]), "9")
+
+    def outcome(r, what):
+        """The error text of a refused insert, or of its failed Task."""
+        if r.status_code != 202:
+            assert r.status_code == 409, r.text
+            return r.text
+        task = r.headers["Location"]
+
+        def done():
+            t = requests.get(up.url + task, verify=up.ca, auth=("admin", up.password), timeout=30).json()
+            return t if t["TaskState"] != "Running" else None
+        t = wait_until(600, f"the task of {what} to end", done, every=1)
+        assert t["TaskState"] == "Exception", t
+        return str(t["Messages"])
+
     for url, cause in ((images.url("missing.iso"), "404"), (images.url("huge.iso"), "larger"),
                        (images.url("disk.qcow2"), "qcow2"), (closed + ".iso", "connect")):
-        r = post(up, insert, {"Image": url})
-        if r.status_code == 202:
-            task = r.headers["Location"]
-
-            def done():
-                t = requests.get(up.url + task, verify=up.ca, auth=("admin", up.password), timeout=30).json()
-                return t if t["TaskState"] != "Running" else None
-            t = wait_until(600, f"the insert task of {url} to end", done, every=1)
-            assert t["TaskState"] == "Exception", t
-            text = str(t["Messages"])
-        else:
-            assert r.status_code == 409, r.text
-            text = r.text
+        text = outcome(post(up, insert, {"Image": url}), f"the insert of {url}")
         assert cause in text.lower() or cause in text, (url, text)
+        assert vm_spec(up, "bm-2")["spec"] == before, f"a failed insert of {url} is taken back"
         system.refresh()
         assert system.power_state == sushy.PowerState.OFF
+
+    # On right after an insert whose import then fails (Ironic's order): the VM waits for the
+    # medium, the insert fails, and the VM stays off with the failed medium holding it (a VM
+    # asked to boot an ISO never boots without it); the VM has a VirtualMediaInsertFailed Event.
+    r = post(up, insert, {"Image": closed + "/late.iso"})
+    on = post(up, f"/redfish/v1/Systems/{system.identity}/Actions/ComputerSystem.Reset", {"ResetType": "On"})
+    assert on.status_code in (202, 204, 409), on.text
+    outcome(r, "the insert before On")
+    if on.status_code == 202:
+        outcome(on, "On")
+    assert up.vmi("bm-2") is None, "no VMI: the VM never started without its medium"
+    system.refresh()
+    assert system.power_state == sushy.PowerState.POWERING_ON and system.status.health != sushy.Health.OK
+    core = client.CoreV1Api(up.api.api_client)
+    reasons = [e.reason for e in core.list_namespaced_event("default").items if e.involved_object.name == "bm-2"]
+    assert "VirtualMediaInsertFailed" in reasons, reasons
+    system.reset_system(sushy.ResetType.FORCE_OFF)
+
+
+def test_hdd_continuous_boots_the_disk_and_media_swap_in_the_running_guest(up, images):
+    """Ironic's prepare_instance (Hdd, persistent) with a medium in the drive: the disk boots;
+    ejecting and inserting while the guest runs takes the medium out of and into the same drive,
+    as the guest's kernel sees it."""
+    create_bm(up, images, "bm-3")
+    system = system_named(connect(up), "default/bm-3")
+    cd = system.virtual_media.get_members()[0]
+    images.delay = 0
+    cd.insert_media(images.url("boot-cd.iso"))
+    system.set_system_boot_options(sushy.BootSource.HDD, enabled=sushy.BootSourceOverrideEnabled.CONTINUOUS)
+    system.reset_system(sushy.ResetType.ON)
+    uid = up.wait_guest_ready("bm-3", deadline_s=BOOT_DEADLINE)
+    wait_until(BOOT_DEADLINE, "the disk's boot", lambda: "VP-BOOT medium=disk" in up.console(uid))
+    assert "medium=cd" not in up.console(uid)
+    wait_until(120, "Inserted with the guest running", lambda: (cd.refresh() or True) and cd.inserted)
+
+    cd.eject_media()
+    wait_until(120, "the guest's kernel sees the medium go", lambda: "MEDIA sr0 out" in up.console(uid))
+    cd.refresh()
+    assert not cd.inserted and cd.image is None
+    disks = [d["name"] for d in vm_spec(up, "bm-3")["spec"]["template"]["spec"]["domain"]["devices"]["disks"]]
+    assert "vmedia-cd" in disks, "the drive stays, as on real hardware"
+
+    ins = up.console(uid).count("MEDIA sr0 in")
+    cd.insert_media(images.url("boot-cd.iso"))
+    wait_until(120, "the guest's kernel sees the medium come back", lambda: up.console(uid).count("MEDIA sr0 in") > ins)
+    wait_until(120, "Inserted again", lambda: (cd.refresh() or True) and cd.inserted)
+    system.refresh()
+    assert system.boot.enabled == sushy.BootSourceOverrideEnabled.CONTINUOUS and system.boot.target == sushy.BootSource.HDD
+    system.reset_system(sushy.ResetType.FORCE_OFF)
+    wait_power(system, sushy.PowerState.OFF, "Off at the end")
+
+
+def test_the_override_lives_in_the_vm_and_survives_a_restart_of_up(up, images):
+    create_bm(up, images, "bm-4")
+    system = system_named(connect(up), "default/bm-4")
+    cd = system.virtual_media.get_members()[0]
+    images.delay = 0
+    cd.insert_media(images.url("boot-cd.iso"))
+    system.set_system_boot_options(sushy.BootSource.CD, enabled=sushy.BootSourceOverrideEnabled.ONCE)
+    up.stop()
+    up.start()
+    system = system_named(connect(up), "default/bm-4")
+    assert system.boot.target == sushy.BootSource.CD and system.boot.enabled == sushy.BootSourceOverrideEnabled.ONCE
+    cd = system.virtual_media.get_members()[0]
+    assert cd.image == images.url("boot-cd.iso")
+    system.reset_system(sushy.ResetType.ON)
+    uid = up.wait_guest_ready("bm-4", deadline_s=BOOT_DEADLINE)
+    wait_until(BOOT_DEADLINE, "the CD boot after the restart", lambda: "VP-BOOT medium=cd" in up.console(uid))
+    system.refresh()
+    assert system.boot.enabled == sushy.BootSourceOverrideEnabled.DISABLED
+    system.reset_system(sushy.ResetType.FORCE_OFF)
+    wait_power(system, sushy.PowerState.OFF, "Off at the end")

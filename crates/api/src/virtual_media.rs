@@ -169,6 +169,16 @@ pub fn set_uefi(vm: &mut VirtualMachine, on: bool) -> Result<(), OverrideError> 
     Ok(())
 }
 
+/// Removes the drive `name` and its virtual-media mark (taking back an insert that added it).
+pub fn remove_drive(vm: &mut VirtualMachine, name: &str) {
+    let names: Vec<String> = marked(vm).into_iter().filter(|n| n != name).collect();
+    set_marked(vm, &names);
+    if let Some(spec) = vm.spec.template.spec.as_mut() {
+        spec.domain.devices.disks.retain(|d| d.name != name);
+        spec.volumes.retain(|v| v.name != name);
+    }
+}
+
 /// `BootSourceOverrideTarget` values that change the order.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {

@@ -14,6 +14,8 @@
 //!    within [`INLINE_WAIT`], else 202 + Task; a failed import ends the Task in `Exception`
 //!    with the import's reason and raises a `VirtualMediaInsertFailed` Event on the VM.
 //! 5. DataVolumes of the VM no longer in its spec nor in its VMI are deleted ([`sweep`]).
+//! 6. A failed insert is taken back ([`rollback`]): the spec as before it, unless the VM waits to
+//!    power on (then the failed medium keeps it off).
 //!
 //! # Eject
 //! The medium leaves the drive (the drive stays); an empty drive ejects successfully. The
@@ -101,6 +103,17 @@ pub fn state(svc: &Service, vm: &VirtualMachine, vmi: Option<&VirtualMachineInst
             None => true,
         };
     MediaState { image: url_of(&dv), inserted, failed }
+}
+
+/// How to take back a failed insert: the VM as it was before it, in what the insert changed.
+#[derive(Clone, Debug)]
+struct Undo {
+    /// The DataVolume the insert put in the drive.
+    dv: String,
+    /// The drive existed before the insert (else the insert added it).
+    had_drive: bool,
+    /// The medium the insert replaced.
+    old: Option<String>,
 }
 
 /// What an insert or eject waits for.
@@ -282,7 +295,7 @@ pub async fn insert(
     target: &Uri,
     body: &str,
 ) -> Result<http::Response<Body>, RfError> {
-    let goal = {
+    let (goal, undo) = {
         let _turn = client::locks::lock(&format!("redfish/system/{uid}")).await;
         let vm = svc.cache.vm(uid, &caller.scope).ok_or_else(|| RfError::resource_not_found("ComputerSystem", uid))?;
         let ns = vm.namespace().unwrap_or_default();
@@ -290,9 +303,10 @@ pub async fn insert(
         let current = vmedia::medium(&vm).and_then(|n| svc.cache.medium(&ns, &n));
         if let Some(dv) = current.filter(|d| url_of(d).as_deref() == Some(url) && failure(d).is_none()) {
             tracing::info!(system = uid, "InsertMedia: the same image is already in the drive");
-            Goal::Inserted(dv.name_any())
+            (Goal::Inserted(dv.name_any()), None)
         } else {
             let drive = vmedia::cd_drive(&vm);
+            let had_drive = vmedia::has_disk(&vm, &drive);
             if let Some(v) = &vmi {
                 if !v.spec.domain.devices.disks.iter().any(|d| d.name == drive) {
                     return Err(RfError::action_conflict(
@@ -315,6 +329,7 @@ pub async fn insert(
                 vmedia::insert(v, &name).map(|_| ())
             })
             .await;
+            let old = vmedia::medium(&vm);
             match r {
                 Ok(u) => await_vm(svc, uid, u.object.resource_version().as_deref()).await,
                 Err(e) => {
@@ -323,10 +338,10 @@ pub async fn insert(
                 }
             }
             tracing::info!(system = uid, dv = %name, "InsertMedia: importing the image");
-            Goal::Inserted(name)
+            (Goal::Inserted(name.clone()), Some(Undo { dv: name, had_drive, old }))
         }
     };
-    finish(svc, caller, uid, goal, target, body).await
+    finish(svc, caller, uid, goal, undo, target, body).await
 }
 
 /// Takes the medium out of the `Cd` drive of System `uid`.
@@ -350,7 +365,7 @@ pub async fn eject(svc: &Arc<Service>, caller: &Caller, uid: &str, target: &Uri,
             tracing::info!(system = uid, "EjectMedia: the medium leaves the drive");
         }
     }
-    finish(svc, caller, uid, Goal::Ejected, target, body).await
+    finish(svc, caller, uid, Goal::Ejected, None, target, body).await
 }
 
 async fn finish(
@@ -358,6 +373,7 @@ async fn finish(
     caller: &Caller,
     uid: &str,
     goal: Goal,
+    undo: Option<Undo>,
     target: &Uri,
     body: &str,
 ) -> Result<http::Response<Body>, RfError> {
@@ -369,9 +385,52 @@ async fn finish(
         }
         Progress::Failed(why) => {
             event(svc, uid, &why).await;
+            rollback(svc, uid, undo.as_ref()).await;
             Err(RfError::action_conflict("Image", action, &why))
         }
-        Progress::Moving(_) => Ok(task(svc, caller, uid, goal, target, body, action)),
+        Progress::Moving(_) => Ok(task(svc, caller, uid, goal, undo, target, body, action)),
+    }
+}
+
+/// Takes back a failed insert: the VM's spec as before it (the drive it added, the medium it
+/// replaced), so bad input leaves nothing behind. Not while the VM waits to power on: then the
+/// failed medium stays and keeps it off (`DataVolumeError`) — a VM asked to boot from an ISO
+/// must never boot without it — until the client ejects or inserts again.
+async fn rollback(svc: &Service, uid: &str, undo: Option<&Undo>) {
+    let Some(undo) = undo else { return };
+    let Some(vm) = svc.cache.vm(uid, &Scope::default()) else { return };
+    let _turn = client::locks::lock(&format!("redfish/system/{uid}")).await;
+    let vms: Api<VirtualMachine> = Api::namespaced(svc.client.clone(), &vm.namespace().unwrap_or_default());
+    let old_exists = undo.old.as_ref().is_some_and(|o| svc.cache.medium(&vm.namespace().unwrap_or_default(), o).is_some());
+    let r = client::update(&vms, &vm.name_any(), |v: &mut VirtualMachine| {
+        let waits_to_start = power::state(v, None) == power::PowerState::PoweringOn;
+        if v.uid() != vm.uid() || vmedia::medium(v).as_deref() != Some(undo.dv.as_str()) || waits_to_start {
+            return;
+        }
+        match undo.old.as_deref().filter(|_| old_exists) {
+            Some(old) => {
+                let _ = vmedia::insert(v, old);
+            }
+            None => {
+                let drive = vmedia::cd_drive(v);
+                vmedia::eject(v);
+                if !undo.had_drive {
+                    vmedia::remove_drive(v, &drive);
+                }
+            }
+        }
+    })
+    .await;
+    match r {
+        Ok(u) if u.wrote => {
+            tracing::info!(system = uid, dv = %undo.dv, "the failed insert was taken back");
+            await_vm(svc, uid, u.object.resource_version().as_deref()).await;
+            if let Some(vm) = svc.cache.vm(uid, &Scope::default()) {
+                sweep(svc, &vm).await;
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(system = uid, "cannot take back the failed insert: {}", client::error_chain(&e)),
     }
 }
 
@@ -389,7 +448,17 @@ async fn event(svc: &Service, uid: &str, why: &str) {
     }
 }
 
-fn task(svc: &Arc<Service>, caller: &Caller, uid: &str, goal: Goal, target: &Uri, body: &str, action: &str) -> http::Response<Body> {
+#[allow(clippy::too_many_arguments)]
+fn task(
+    svc: &Arc<Service>,
+    caller: &Caller,
+    uid: &str,
+    goal: Goal,
+    undo: Option<Undo>,
+    target: &Uri,
+    body: &str,
+    action: &str,
+) -> http::Response<Body> {
     let t = svc.tasks.start(&format!("VirtualMedia.{action} of System {uid}"), &caller.user, &target.path(), body);
     let (svc2, uid2, id) = (Arc::clone(svc), uid.to_owned(), t.id.clone());
     tokio::spawn(async move {
@@ -401,6 +470,7 @@ fn task(svc: &Arc<Service>, caller: &Caller, uid: &str, goal: Goal, target: &Uri
             }
             Progress::Failed(why) => {
                 event(&svc2, &uid2, &why).await;
+                rollback(&svc2, &uid2, undo.as_ref()).await;
                 tasks.finish(&id, TaskState::Exception, Message::new(MessageId::GeneralError, &[]).explained(&why));
             }
             Progress::Moving(_) => tasks.finish(
