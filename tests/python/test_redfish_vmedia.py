@@ -149,6 +149,11 @@ def test_ironic_virtual_media_sequence_boots_the_cd_once_then_the_disk(up, image
     second = up.wait_guest_ready(name, deadline_s=BOOT_DEADLINE, not_uid=uid)
     wait_until(BOOT_DEADLINE, "the disk's boot after a power cycle", lambda: "VP-BOOT medium=disk" in up.console(second))
     assert "medium=cd" not in up.console(second)
+    # And a ForceRestart (a new VMI from the VM's restored spec).
+    system.reset_system(sushy.ResetType.FORCE_RESTART)
+    third = up.wait_guest_ready(name, deadline_s=BOOT_DEADLINE, not_uid=second)
+    wait_until(BOOT_DEADLINE, "the disk's boot after ForceRestart", lambda: "VP-BOOT medium=disk" in up.console(third))
+    assert "medium=cd" not in up.console(third)
 
     # Ironic's prepare_instance: eject, Hdd persistent.
     cd.refresh()

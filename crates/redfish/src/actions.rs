@@ -490,6 +490,66 @@ mod tests {
     }
 
     #[test]
+    fn insert_media_takes_an_http_image_and_checks_every_other_parameter() {
+        use crate::uri::MediaOwner;
+        let u = Uri::InsertMedia(MediaOwner::System, "s".into(), "Cd".into());
+        let ok = p(&u, &Method::POST, &json!({"Image": "https://images.example/ipa.iso"})).unwrap();
+        assert!(matches!(ok, Action::InsertMedia { ref image, .. } if image == "https://images.example/ipa.iso"));
+        // sushy's full form and its retries' additions.
+        let full = json!({"Image": "http://10.0.0.1/x.iso", "Inserted": true, "WriteProtected": true, "TransferProtocolType": "HTTP",
+                          "TransferMethod": "Stream", "UserName": "none", "Password": "none", "MediaType": "CD"});
+        assert!(p(&u, &Method::POST, &full).is_ok());
+        for (body, id) in [
+            (json!({}), "Base.1.22.ActionParameterMissing"),
+            (json!({"Image": "file:///etc/passwd"}), "Base.1.22.ActionParameterValueFormatError"),
+            (json!({"Image": "gopher://h/x"}), "Base.1.22.ActionParameterValueFormatError"),
+            (json!({"Image": "http:///no-host"}), "Base.1.22.ActionParameterValueFormatError"),
+            (json!({"Image": 7}), "Base.1.22.ActionParameterValueTypeError"),
+            (json!({"Image": "http://h/x.iso", "TransferProtocolType": "NFS"}), "Base.1.22.ActionParameterValueNotInList"),
+            (json!({"Image": "http://h/x.iso", "TransferProtocolType": "HTTPS"}), "Base.1.22.ActionParameterValueConflict"),
+            (json!({"Image": "http://h/x.iso", "WriteProtected": false}), "Base.1.22.ActionParameterNotSupported"),
+            (json!({"Image": "http://h/x.iso", "UserName": "bob", "Password": "pw"}), "Base.1.22.ActionParameterNotSupported"),
+            (json!({"Image": "http://h/x.iso", "Force": true}), "Base.1.22.ActionParameterUnknown"),
+        ] {
+            assert_eq!(first_id(&p(&u, &Method::POST, &body).unwrap_err()), id, "{body}");
+        }
+        let long = format!("http://h/{}", "a".repeat(MAX_IMAGE_URL));
+        assert_eq!(first_id(&p(&u, &Method::POST, &json!({"Image": long})).unwrap_err()), "Base.1.22.StringValueTooLong");
+    }
+
+    #[test]
+    fn a_virtual_media_patch_inserts_or_ejects() {
+        use crate::uri::MediaOwner;
+        let u = Uri::VirtualMedia(MediaOwner::Manager, "s".into(), "Cd".into());
+        assert!(matches!(
+            p(&u, &Method::PATCH, &json!({"Image": "http://h/x.iso", "Inserted": true})).unwrap(),
+            Action::InsertMedia { .. }
+        ));
+        assert!(matches!(p(&u, &Method::PATCH, &json!({"Image": null})).unwrap(), Action::EjectMedia { .. }));
+        assert!(matches!(p(&u, &Method::PATCH, &json!({"Inserted": false})).unwrap(), Action::EjectMedia { .. }));
+        assert_eq!(first_id(&p(&u, &Method::PATCH, &json!({"MediaTypes": ["USBStick"]})).unwrap_err()), "Base.1.22.PropertyNotWritable");
+    }
+
+    #[test]
+    fn a_system_patch_accepts_boot_and_names_what_it_refuses() {
+        use api::virtual_media::{Enabled, Target};
+        let u = Uri::System("s".into());
+        let body = json!({"Boot": {"BootSourceOverrideTarget": "Cd", "BootSourceOverrideEnabled": "Once", "HttpBootUri": null}});
+        let Action::SetBoot { boot, .. } = p(&u, &Method::PATCH, &body).unwrap() else { panic!("a boot patch") };
+        assert_eq!(boot, BootPatch { target: Some(Some(Target::Cd)), enabled: Some(Some(Enabled::Once)), uefi: None });
+        let Action::SetBoot { boot, .. } = p(&u, &Method::PATCH, &json!({"Boot": {"BootSourceOverrideMode": "UEFI"}})).unwrap() else {
+            panic!()
+        };
+        assert_eq!(boot.uefi, Some(true));
+        let e = p(&u, &Method::PATCH, &json!({"Boot": {"BootSourceOverrideTarget": "Floppy"}})).unwrap_err();
+        assert_eq!(first_id(&e), "Base.1.22.PropertyValueNotInList");
+        assert_eq!(e.body()["error"]["@Message.ExtendedInfo"][0]["RelatedProperties"], json!(["#/Boot/BootSourceOverrideTarget"]));
+        assert_eq!(first_id(&p(&u, &Method::PATCH, &json!({"PowerState": "Off"})).unwrap_err()), "Base.1.22.PropertyNotWritable");
+        assert_eq!(first_id(&p(&u, &Method::PATCH, &json!({"Boot": {"Bogus": 1}})).unwrap_err()), "Base.1.22.PropertyUnknown");
+        assert_eq!(first_id(&p(&u, &Method::PATCH, &json!({})).unwrap_err()), "Base.1.22.NoOperation");
+    }
+
+    #[test]
     fn a_body_that_is_not_json_is_refused() {
         let mut h = HeaderMap::new();
         h.insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
