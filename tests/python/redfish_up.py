@@ -151,7 +151,7 @@ class Up:
 
 class Images:
     """A loopback HTTP server for the images: GUEST's files, answered after `delay` seconds, and
-    the bad ones of the bad-input test. Records when each path was first fully served."""
+    the bad ones of the bad-input test. Records when each path was last fully served."""
 
     def __init__(self):
         self.delay = 0.0
@@ -186,7 +186,7 @@ class Images:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
-                images.served.setdefault(name, time.time())
+                images.served[name] = time.time()
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
