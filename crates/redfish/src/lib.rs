@@ -19,6 +19,7 @@ pub mod boot;
 pub mod cache;
 pub mod error;
 pub mod executor;
+pub mod follow;
 pub mod handler;
 pub mod media;
 pub mod metrics;

@@ -25,11 +25,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{header, HeaderValue, StatusCode};
+use http::StatusCode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use api::cdi::{DataVolumeSource, DataVolumeSpec, HttpSource, StorageResources, StorageSpec};
 use api::phases::{DataVolumePhase, VolumePhase};
@@ -39,10 +38,10 @@ use api::{DataVolume, VirtualMachine, VirtualMachineInstance};
 use crate::accounts::Scope;
 use crate::auth::Caller;
 use crate::error::{Message, RfError};
+use crate::follow::{self, Progress};
 use crate::power;
 use crate::protocol;
 use crate::registry::MessageId;
-use crate::resources::{self, Ctx};
 use crate::service::Service;
 use crate::tasks::TaskState;
 use crate::uri::{MediaOwner, Uri, INSERT_ACTION};
@@ -123,13 +122,6 @@ enum Goal {
     Ejected,
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Progress {
-    Reached,
-    Moving(u8),
-    Failed(String),
-}
-
 fn progress(svc: &Service, uid: &str, goal: &Goal) -> Progress {
     let Some(vm) = svc.cache.vm(uid, &Scope::default()) else { return Progress::Failed("the VM was deleted".to_owned()) };
     let vmi = svc.cache.vmi(&vm).filter(|v| power::active(v));
@@ -167,20 +159,8 @@ fn progress(svc: &Service, uid: &str, goal: &Goal) -> Progress {
     }
 }
 
-async fn follow(svc: &Service, uid: &str, goal: &Goal, within: Duration, mut on_progress: impl FnMut(u8)) -> Progress {
-    let mut changed = svc.cache.changed();
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        changed.borrow_and_update();
-        match progress(svc, uid, goal) {
-            Progress::Moving(p) => on_progress(p),
-            done => return done,
-        }
-        match tokio::time::timeout_at(deadline, changed.changed()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) | Err(_) => return progress(svc, uid, goal),
-        }
-    }
+async fn follow(svc: &Service, uid: &str, goal: &Goal, within: Duration, on_progress: impl FnMut(u8)) -> Progress {
+    follow::until(&svc.cache, within, || progress(svc, uid, goal), on_progress).await
 }
 
 /// Waits (bounded) until the cache holds `vm` at least at `version`'s write.
@@ -481,14 +461,7 @@ fn task(
             ),
         }
     });
-    let uri = Uri::Task(t.id);
-    let body = resources::get(&Ctx { svc, caller: Some(caller) }, &uri).unwrap_or_else(|_| json!({}));
-    let mut r = protocol::json(StatusCode::ACCEPTED, &body);
-    if let Ok(v) = HeaderValue::from_str(&uri.path()) {
-        r.headers_mut().insert(header::LOCATION, v);
-    }
-    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    r
+    follow::accepted(svc, caller, t.id)
 }
 
 /// The `Cd` member's URI under `owner`.

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{header, HeaderValue, StatusCode};
+use http::{header, StatusCode};
 use kube::api::Api;
 use kube::ResourceExt;
 use serde_json::{json, Value};
@@ -34,10 +34,10 @@ use api::{VirtualMachine, VirtualMachineInstance};
 use crate::accounts::Scope;
 use crate::auth::Caller;
 use crate::error::{Message, RfError};
+use crate::follow::{self, Progress};
 use crate::power::{self, PowerState, ResetType, Step};
 use crate::protocol;
 use crate::registry::MessageId;
-use crate::resources::{self, Ctx};
 use crate::service::Service;
 use crate::tasks::TaskState;
 use crate::uri::Uri;
@@ -59,14 +59,6 @@ enum Goal {
     /// Running again, as a VMI other than this one.
     RestartedFrom(String),
     Nmi(String),
-}
-
-/// Where the System is on the way to a goal.
-#[derive(Debug, PartialEq, Eq)]
-enum Progress {
-    Reached,
-    Moving(u8),
-    Failed(String),
 }
 
 fn judge(goal: &Goal, vm: Option<&VirtualMachine>, vmi: Option<&VirtualMachineInstance>) -> Progress {
@@ -124,21 +116,8 @@ fn progress(svc: &Service, uid: &str, goal: &Goal) -> Progress {
 }
 
 /// Waits until `goal` is reached or failed, or `within` passed (then the last progress).
-async fn follow(svc: &Service, uid: &str, goal: &Goal, within: Duration, mut on_progress: impl FnMut(u8)) -> Progress {
-    let mut changed = svc.cache.changed();
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        changed.borrow_and_update();
-        match progress(svc, uid, goal) {
-            Progress::Moving(p) => on_progress(p),
-            done => return done,
-        }
-        match tokio::time::timeout_at(deadline, changed.changed()).await {
-            Ok(Ok(())) => {}
-            // The deadline, or the caches stopped (the service is stopping).
-            Ok(Err(_)) | Err(_) => return progress(svc, uid, goal),
-        }
-    }
+async fn follow(svc: &Service, uid: &str, goal: &Goal, within: Duration, on_progress: impl FnMut(u8)) -> Progress {
+    follow::until(&svc.cache, within, || progress(svc, uid, goal), on_progress).await
 }
 
 /// Calls a VM lifecycle subresource.
@@ -268,14 +247,7 @@ fn task(svc: &Arc<Service>, caller: &Caller, uid: &str, reset: ResetType, goal: 
             ),
         }
     });
-    let uri = Uri::Task(t.id);
-    let body = resources::get(&Ctx { svc, caller: Some(caller) }, &uri).unwrap_or_else(|_| json!({}));
-    let mut r = protocol::json(StatusCode::ACCEPTED, &body);
-    if let Ok(v) = HeaderValue::from_str(&uri.path()) {
-        r.headers_mut().insert(header::LOCATION, v);
-    }
-    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    r
+    follow::accepted(svc, caller, t.id)
 }
 
 #[cfg(test)]
