@@ -181,6 +181,16 @@ def test_continuous_cd_boots_the_cd_at_every_reboot(up, images):
                lambda: boots(up.console(uid), "VP-BOOT medium=cd") >= 2)
     system.refresh()
     assert system.boot.enabled == sushy.BootSourceOverrideEnabled.CONTINUOUS
+
+    # Once, set while the guest runs: its next reset boots the CD (one more, at most two if a
+    # reboot was already under way), then the disk, in the same QEMU.
+    system.set_system_boot_options(sushy.BootSource.CD, enabled=sushy.BootSourceOverrideEnabled.ONCE)
+    before = boots(up.console(uid), "VP-BOOT medium=cd")
+    wait_until(BOOT_DEADLINE, "the disk's boot after the one-time override was used",
+               lambda: "VP-BOOT medium=disk" in up.console(uid))
+    assert boots(up.console(uid), "VP-BOOT medium=cd") - before <= 2, up.console(uid)[-2000:]
+    system.refresh()
+    assert system.boot.enabled == sushy.BootSourceOverrideEnabled.DISABLED
     system.reset_system(sushy.ResetType.FORCE_OFF)
     wait_power(system, sushy.PowerState.OFF, "Off at the end")
 

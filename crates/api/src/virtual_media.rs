@@ -20,6 +20,9 @@
 //! that VMI boots with it, the VM's spec goes back to the original order, and the running
 //! guest's order follows (QEMU's `bootindex` is settable at run time and read at each reset), so
 //! a reboot inside the guest, a restart and a power cycle all boot the original device.
+//! A `Once` override set while a guest runs reaches that guest's next reset: the controller
+//! copies it to the VMI, the node agent reports it used ([`BOOT_ONCE_USED`]) when the guest
+//! resets with it in effect, and the controller then consumes it the same way.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +37,10 @@ use crate::VirtualMachine;
 pub const VIRTUAL_MEDIA: &str = "virtplug.io/virtual-media";
 /// VM annotation: the boot override, JSON ([`BootOverride`]).
 pub const BOOT_OVERRIDE: &str = "virtplug.io/boot-override";
+/// VMI annotation, by the node agent: the [`BOOT_OVERRIDE`] value (a `Once` one, copied to the
+/// running VMI by the controller) that was in effect when the guest reset: the guest booted
+/// with it, so it is used up.
+pub const BOOT_ONCE_USED: &str = "virtplug.io/boot-once-used";
 /// DataVolume label: the name of the VM whose virtual medium it is.
 pub const MEDIUM_OF: &str = "virtplug.io/virtual-medium-of";
 /// The drive added when the VM has no free CD-ROM drive.
@@ -205,6 +212,20 @@ pub struct BootOverride {
     /// `bootOrder` of every interface that had one before the override.
     #[serde(default, rename = "originalInterfaces")]
     pub original_interfaces: BTreeMap<String, u32>,
+    /// When it was set (Unix ms): tells a VMI created before it (the override reaches that
+    /// running guest's next reset) from one created with it; and makes two overrides set at
+    /// different times different values.
+    #[serde(default)]
+    pub since: i64,
+}
+
+impl BootOverride {
+    /// Whether the override is a one-time one that a VMI created at `created` (Unix ms) did not
+    /// boot with: the running guest's next reset uses it.
+    #[must_use]
+    pub fn pending_for(&self, created: i64) -> bool {
+        self.enabled == Enabled::Once && created < self.since
+    }
 }
 
 /// Why an override cannot be applied.
@@ -264,9 +285,10 @@ pub fn set_override(vm: &mut VirtualMachine, new: Option<(Target, Enabled)>) -> 
                 enabled,
                 original: disks.iter().filter_map(|d| Some((d.name.clone(), d.boot_order?))).collect(),
                 original_interfaces: interface_orders(vm),
+                since: jiff::Timestamp::now().as_millisecond(),
             }
         },
-        |o| BootOverride { target, enabled, ..o },
+        |o| BootOverride { target, enabled, since: jiff::Timestamp::now().as_millisecond(), ..o },
     );
     let mut edited = vm.clone();
     let text = serde_json::to_string(&o).map_err(|_| OverrideError::NoTemplate)?;
@@ -442,6 +464,16 @@ mod tests {
         assert_eq!(orders(&v), [("root".into(), Some(1)), (DRIVE.into(), None)], "Hdd: the disk first, the drive had no order");
         set_override(&mut v, None).unwrap();
         assert_eq!(orders(&v), [("root".into(), Some(1)), (DRIVE.into(), None)]);
+    }
+
+    #[test]
+    fn a_once_override_is_pending_only_for_a_vmi_created_before_it() {
+        let mut v = root();
+        set_override(&mut v, Some((Target::Hdd, Enabled::Once))).unwrap();
+        let o = boot_override(&v).unwrap();
+        assert!(o.pending_for(o.since - 1) && !o.pending_for(o.since + 1));
+        set_override(&mut v, Some((Target::Hdd, Enabled::Continuous))).unwrap();
+        assert!(!boot_override(&v).unwrap().pending_for(0), "only Once is used up by a reset");
     }
 
     #[test]

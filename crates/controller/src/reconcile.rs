@@ -3,8 +3,10 @@
 //! 2. legacy `status.volumeRequests`: applied (legacy gate on) or reported;
 //! 3. `dataVolumeTemplates` → DataVolumes;
 //! 4. lifecycle: one [`lifecycle::Step`], and scheduling of a new VMI;
-//! 5. declarative hot-plug of the running VMI, and its volumes' `Pending`/`Bound` status;
-//! 6. the VM's status, with the `SpecValid` and `VolumeRequestsPending` conditions.
+//! 5. a one-time boot override set while the VMI runs: marked on the VMI, consumed once the
+//!    node agent reports the guest reset that used it;
+//! 6. declarative hot-plug of the running VMI, and its volumes' `Pending`/`Bound` status;
+//! 7. the VM's status, with the `SpecValid` and `VolumeRequestsPending` conditions.
 //!
 //! # Flow
 //! Everything is read from the controller's stores ([`crate::cache`]); an object is read from
@@ -105,6 +107,9 @@ impl Pass<'_> {
             return Ok(Action::await_change()); // the step's write wakes the next pass
         }
         if let Some(v) = vmi.as_deref().filter(|v| self.owns(v)) {
+            if self.boot_once(v).await? {
+                return Ok(Action::await_change()); // the write wakes the next pass
+            }
             if self.hotplug(v).await? {
                 return Ok(Action::await_change()); // the VMI's change wakes the next pass
             }
@@ -200,6 +205,38 @@ impl Pass<'_> {
             events::publish(&self.ctx.client, COMPONENT, self.vm, EventType::Warning, "VolumeRequestRefused", &m).await;
         }
         Ok(())
+    }
+
+    /// A one-time boot override set while `vmi` runs ([`api::virtual_media`]): copied to the
+    /// VMI (the node agent reports the guest reset that used it), and consumed on the VM once
+    /// the VMI says it was used. Returns whether it wrote.
+    async fn boot_once(&self, vmi: &VirtualMachineInstance) -> Result<bool, VmError> {
+        use api::virtual_media::{boot_override, consume_once, BOOT_ONCE_USED, BOOT_OVERRIDE};
+        let vm_value = self.vm.annotations().get(BOOT_OVERRIDE);
+        let used = vmi.annotations().get(BOOT_ONCE_USED);
+        if vm_value.is_some() && used == vm_value {
+            let seen = vm_value.cloned();
+            client::update(&self.vms, &self.name, |v: &mut VirtualMachine| {
+                if v.annotations().get(BOOT_OVERRIDE) == seen.as_ref() {
+                    let _ = consume_once(v);
+                }
+            })
+            .await
+            .map_err(api_err(&self.object, "restore its boot order after a one-time override"))?;
+            tracing::info!("the running guest reset with the one-time boot override: the VM's boot order is restored");
+            return Ok(true);
+        }
+        let created = vmi.metadata.creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_millisecond());
+        let pending = boot_override(self.vm).is_some_and(|o| o.pending_for(created));
+        let want = vm_value.filter(|_| pending);
+        if vmi.annotations().get(BOOT_OVERRIDE) == want {
+            return Ok(false);
+        }
+        let vmis: Api<VirtualMachineInstance> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        client::blind_patch(&vmis, &vmi.name_any(), client::MetaKey::Annotation, BOOT_OVERRIDE, want.map(String::as_str))
+            .await
+            .map_err(api_err(&self.object, "mark its VMI with the one-time boot override"))?;
+        Ok(true)
     }
 
     /// Declarative hot-plug into the running VMI, then its volumes' `Pending`/`Bound` status.

@@ -64,6 +64,27 @@ pub(super) async fn follow(vmi: &VirtualMachineInstance, machine: &Machine, appl
     *applied = ok.then_some(want);
 }
 
+/// The VMI's one-time boot override whose order QEMU has now (`applied` equals what the VMI
+/// asks for), if any: the guest's next reset boots with it.
+#[must_use]
+pub(super) fn armed(vmi: &VirtualMachineInstance, applied: Option<&Order>) -> Option<String> {
+    use kube::ResourceExt;
+    let value = vmi.annotations().get(api::virtual_media::BOOT_OVERRIDE)?;
+    (applied == Some(&wanted(vmi)) && vmi.annotations().get(api::virtual_media::BOOT_ONCE_USED) != Some(value)).then(|| value.clone())
+}
+
+/// The guest reset with the one-time override `used` in effect: the VMI says so (one
+/// annotation key, written without a resourceVersion like the NMI answer: it touches no
+/// array), and the controller consumes the override.
+pub(super) async fn report_used(client: &kube::Client, vmi: &VirtualMachineInstance, used: &str) {
+    use kube::ResourceExt;
+    let api: kube::Api<VirtualMachineInstance> = kube::Api::namespaced(client.clone(), &vmi.namespace().unwrap_or_default());
+    match client::blind_patch(&api, &vmi.name_any(), client::MetaKey::Annotation, api::virtual_media::BOOT_ONCE_USED, Some(used)).await {
+        Ok(_) => tracing::info!("the guest reset with its one-time boot override: reported used"),
+        Err(e) => tracing::warn!("cannot report the one-time boot override used: {}", client::error_chain(&e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -82,5 +103,23 @@ mod tests {
         .unwrap();
         let w = wanted(&vmi);
         assert_eq!(w, Order::from([("cd".into(), 1), ("empty".into(), -1), ("root".into(), 2)]));
+    }
+
+    #[test]
+    fn a_one_time_override_is_armed_only_with_its_order_in_qemu_and_until_reported() {
+        let vmi = |ann: serde_json::Value| -> VirtualMachineInstance {
+            serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": "v", "annotations": ann},
+                "spec": {"domain": {"devices": {"disks": [{"name": "cd", "cdrom": {"bus": "sata"}, "bootOrder": 1}]}}, "volumes": []}}))
+            .unwrap()
+        };
+        let once = r#"{"target":"Cd","enabled":"Once","since":5}"#;
+        let v = vmi(json!({"virtplug.io/boot-override": once}));
+        assert_eq!(armed(&v, Some(&wanted(&v))).as_deref(), Some(once));
+        assert_eq!(armed(&v, Some(&Order::from([("cd".into(), -1)]))), None, "QEMU does not have its order yet");
+        assert_eq!(armed(&v, None), None);
+        let used = vmi(json!({"virtplug.io/boot-override": once, "virtplug.io/boot-once-used": once}));
+        assert_eq!(armed(&used, Some(&wanted(&used))), None, "reported already");
+        assert_eq!(armed(&vmi(json!({})), Some(&wanted(&v))), None);
     }
 }

@@ -29,6 +29,8 @@ pub(super) struct Live {
     pub machine: Machine,
     /// Set by the event reader: the guest asked to power off.
     pub guest_shutdown: Arc<Mutex<bool>>,
+    /// Ticks at every reset of the guest (QEMU's `RESET`, the guest's or the host's).
+    pub resets: tokio::sync::watch::Receiver<u64>,
     pub exited: tokio::task::JoinHandle<()>,
     events: tokio::task::JoinHandle<()>,
 }
@@ -67,12 +69,13 @@ fn watch_exit(pid: i32) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Reads QEMU's events: remembers a guest-initiated shutdown, reports reboots.
+/// Reads QEMU's events: remembers a guest-initiated shutdown, counts resets, reports reboots.
 fn read_events(
     shared: Arc<Shared>,
     vmi: Arc<VirtualMachineInstance>,
     machine: &Machine,
     flag: Arc<Mutex<bool>>,
+    resets: tokio::sync::watch::Sender<u64>,
 ) -> tokio::task::JoinHandle<()> {
     let mut rx = machine.events();
     let by_guest = |e: &qemu::qmp::Event| e.data.get("guest").and_then(serde_json::Value::as_bool) == Some(true);
@@ -80,8 +83,11 @@ fn read_events(
         loop {
             match rx.recv().await {
                 Ok(e) if e.name == "SHUTDOWN" && by_guest(&e) => *flag.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true,
-                Ok(e) if e.name == "RESET" && by_guest(&e) => {
-                    crate::reasons::publish(&shared.client, vmi.as_ref(), EventReason::GuestReboot, "the guest rebooted").await;
+                Ok(e) if e.name == "RESET" => {
+                    resets.send_modify(|n| *n = n.wrapping_add(1));
+                    if by_guest(&e) {
+                        crate::reasons::publish(&shared.client, vmi.as_ref(), EventReason::GuestReboot, "the guest rebooted").await;
+                    }
                 }
                 Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -98,8 +104,9 @@ async fn connect(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, proces
         .map_err(|e| format!("cannot reach QEMU's QMP socket: {e}"))?;
     let machine = Machine::new(qmp);
     let flag = Arc::new(Mutex::new(false));
-    let events = read_events(Arc::clone(shared), Arc::clone(vmi), &machine, Arc::clone(&flag));
-    Ok(Live { exited: watch_exit(process.pid), process, machine, guest_shutdown: flag, events })
+    let (resets_tx, resets) = tokio::sync::watch::channel(0u64);
+    let events = read_events(Arc::clone(shared), Arc::clone(vmi), &machine, Arc::clone(&flag), resets_tx);
+    Ok(Live { exited: watch_exit(process.pid), process, machine, guest_shutdown: flag, resets, events })
 }
 
 /// Takes over the QEMU of `run_dir` left by an earlier agent, if one runs: `None` when none does.

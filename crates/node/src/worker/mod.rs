@@ -64,6 +64,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         nmi_done: None,
         boot_order: None,
         paused_for_media: false,
+        once_armed: None,
     };
     loop {
         let current = rx.borrow_and_update().clone();
@@ -83,6 +84,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         if let Some(l) = w.live.as_ref().filter(|_| vmi.is_running()) {
             nmi::act(&w.shared.client, &vmi, &l.machine, &mut w.nmi_done).await;
             bootorder::follow(&vmi, &l.machine, &mut w.boot_order).await;
+            w.once_armed = bootorder::armed(&vmi, w.boot_order.as_ref());
         }
         let retry = w.pass(&vmi).await;
         if !w.wait(retry, &mut rx, &mut storage).await {
@@ -101,6 +103,8 @@ enum Wake {
     Storage,
     /// QEMU exited.
     Exited,
+    /// The guest reset.
+    Reset,
     /// The retry timer fired.
     Timer,
 }
@@ -127,6 +131,10 @@ struct Worker {
     /// QEMU was started paused so that the first pass puts CD-ROM media in their drives
     /// before the firmware runs ([`live::media_at_boot`]); the pass resumes it.
     paused_for_media: bool,
+    /// The VMI's one-time boot override ([`api::virtual_media::BOOT_OVERRIDE`], copied there by
+    /// the controller) whose boot order QEMU has: the guest's next reset uses it, and the
+    /// worker reports that ([`bootorder::report_used`]).
+    once_armed: Option<String>,
 }
 
 /// `spec.terminationGracePeriodSeconds` of `vmi`.
@@ -243,6 +251,8 @@ impl Worker {
 
     /// Sleeps until the next wake-up; `false` when the agent stops.
     async fn wait(&mut self, retry: Option<Duration>, rx: &mut Versions, storage: &mut watch::Receiver<u64>) -> bool {
+        // A clone sees what the original saw; it is put back after the wait (what it saw then).
+        let mut resets = self.live.as_ref().map(|l| l.resets.clone());
         let exited = async {
             match self.live.as_mut() {
                 Some(l) => {
@@ -257,12 +267,26 @@ impl Worker {
                 None => std::future::pending::<()>().await,
             }
         };
+        let reset = async {
+            match resets.as_mut() {
+                Some(r) => {
+                    if r.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
         let wake = tokio::select! {
             changed = rx.changed() => if changed.is_ok() { Wake::Changed } else { Wake::AgentStopped },
             Ok(()) = storage.changed() => Wake::Storage,
             () = exited => Wake::Exited,
             () = timer => Wake::Timer,
+            () = reset => Wake::Reset,
         };
+        if let (Some(l), Some(r)) = (self.live.as_mut(), resets) {
+            l.resets = r;
+        }
         match wake {
             Wake::Changed => {}
             Wake::AgentStopped => return false,
@@ -270,6 +294,11 @@ impl Worker {
             // others stay asleep (a pass costs QMP round trips).
             Wake::Storage => self.force = self.force || self.volumes.waits(),
             Wake::Exited => self.exited().await,
+            Wake::Reset => {
+                if let (Some(used), Some(vmi)) = (self.once_armed.take(), self.last.clone()) {
+                    bootorder::report_used(&self.shared.client, &vmi, &used).await;
+                }
+            }
             Wake::Timer => self.force = true,
         }
         true
