@@ -8,6 +8,7 @@ reset inside the same QEMU), as Ironic's ramdisk does after deploying, so the te
 the next boot uses the one-time override again.
 """
 import os
+import subprocess
 import time
 
 import pytest
@@ -16,7 +17,7 @@ import sushy
 from kubernetes import client
 from sushy import auth
 
-from redfish_up import GROUP, GUEST, VERSION, Images, Up, wait_until
+from redfish_up import GROUP, GUEST, REPO, VERSION, Images, Up, wait_until
 
 BOOT_DEADLINE = 420
 
@@ -77,6 +78,15 @@ def create_bm(up, images, name):
 
 def vm_spec(up, name):
     return up.api.get_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachines", name)
+
+
+def vm_get(up, name):
+    """`virtplug vm get NAME` (the table and the lines after it)."""
+    binary = os.environ.get("VIRTPLUG_BIN", os.path.join(REPO, "target", "debug", "virtplug"))
+    p = subprocess.run([binary, "vm", "get", name, "--kubeconfig", os.path.join(up.data_dir, "kubeconfig")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
 
 
 def wait_power(system, state, what):
@@ -279,12 +289,18 @@ def test_hdd_continuous_boots_the_disk_and_media_swap_in_the_running_guest(up, i
     disks = [d["name"] for d in vm_spec(up, "bm-3")["spec"]["template"]["spec"]["domain"]["devices"]["disks"]]
     assert "vmedia-cd" in disks, "the drive stays, as on real hardware"
 
+    # `virtplug vm get` shows the empty drive and the override.
+    shown = vm_get(up, "bm-3")
+    assert "Virtual media (Cd): empty (drive vmedia-cd)" in shown and "override Hdd Continuous" in shown, shown
+
     ins = up.console(uid).count("MEDIA sr0 in")
     cd.insert_media(images.url("boot-cd.iso"))
     wait_until(120, "the guest's kernel sees the medium come back", lambda: up.console(uid).count("MEDIA sr0 in") > ins)
     wait_until(120, "Inserted again", lambda: (cd.refresh() or True) and cd.inserted)
     system.refresh()
     assert system.boot.enabled == sushy.BootSourceOverrideEnabled.CONTINUOUS and system.boot.target == sushy.BootSource.HDD
+    shown = vm_get(up, "bm-3")
+    assert images.url("boot-cd.iso") in shown and "Succeeded" in shown, shown
     system.reset_system(sushy.ResetType.FORCE_OFF)
     wait_power(system, sushy.PowerState.OFF, "Off at the end")
 
