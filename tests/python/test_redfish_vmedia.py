@@ -289,6 +289,11 @@ def test_hdd_continuous_boots_the_disk_and_media_swap_in_the_running_guest(up, i
     disks = [d["name"] for d in vm_spec(up, "bm-3")["spec"]["template"]["spec"]["domain"]["devices"]["disks"]]
     assert "vmedia-cd" in disks, "the drive stays, as on real hardware"
 
+    def media_dvs():
+        return up.api.list_namespaced_custom_object("cdi.kubevirt.io", "v1beta1", "default", "datavolumes",
+                                                    label_selector="virtplug.io/virtual-medium-of=bm-3")["items"]
+    wait_until(120, "the ejected medium's import freed", lambda: not [d for d in media_dvs() if not d["metadata"].get("deletionTimestamp")])
+
     # `virtplug vm get` shows the empty drive and the override.
     shown = vm_get(up, "bm-3")
     assert "Virtual media (Cd): empty (drive vmedia-cd)" in shown and "override Hdd Continuous" in shown, shown
