@@ -158,6 +158,8 @@ class Images:
         self.served = {}
         # Extra images by name (bytes), e.g. small media for the race harness.
         self.extra = {}
+        # Bodies sent, by name.
+        self.count = {}
         images = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -187,6 +189,7 @@ class Images:
                 self.end_headers()
                 self.wfile.write(body)
                 images.served[name] = time.time()
+                images.count[name] = images.count.get(name, 0) + 1
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()

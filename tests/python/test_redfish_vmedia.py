@@ -316,6 +316,15 @@ def test_the_override_lives_in_the_vm_and_survives_a_restart_of_up(up, images):
     cd = system.virtual_media.get_members()[0]
     images.delay = 0
     cd.insert_media(images.url("boot-cd.iso"))
+    wait_until(120, "the medium imported", lambda: (cd.refresh() or True) and cd.inserted)
+    # The same image again: nothing to do, no second download, no second DataVolume.
+    sent = images.count.get("boot-cd.iso", 0)
+    dvs = up.api.list_namespaced_custom_object("cdi.kubevirt.io", "v1beta1", "default", "datavolumes",
+                                               label_selector="virtplug.io/virtual-medium-of=bm-4")["items"]
+    cd.insert_media(images.url("boot-cd.iso"))
+    assert images.count.get("boot-cd.iso", 0) == sent
+    assert len(up.api.list_namespaced_custom_object("cdi.kubevirt.io", "v1beta1", "default", "datavolumes",
+                                                    label_selector="virtplug.io/virtual-medium-of=bm-4")["items"]) == len(dvs) == 1
     system.set_system_boot_options(sushy.BootSource.CD, enabled=sushy.BootSourceOverrideEnabled.ONCE)
     up.stop()
     up.start()
