@@ -174,7 +174,12 @@ async fn answer_one(mut sock: tokio::net::TcpStream, answer: Answer, total: Arc<
             let _ = sock.write_all(&body).await;
         }
         Answer::Redirect(to) => {
-            let _ = sock.write_all(format!("HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\n\r\n").as_bytes()).await;
+            // `Connection: close`, as every answer here: the socket is closed after it, and a
+            // client that kept it for the next hop would find it dead (the redirect loop then
+            // failed as "could not connect" when the FIN arrived after the reuse: failed CI).
+            let _ = sock
+                .write_all(format!("HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes())
+                .await;
         }
         Answer::Close => return,
         Answer::Hold { body, arrived, go } => {
