@@ -205,30 +205,28 @@ fn patch_system(system: &str, m: &Map<String, Value>) -> Result<Action, RfError>
         }
     };
     use api::virtual_media::{Enabled, Target};
-    let target = text("BootSourceOverrideTarget")?
-        .map(|t| match t.as_str() {
-            "None" => Ok(None),
-            "Pxe" => Ok(Some(Target::Pxe)),
-            "Cd" => Ok(Some(Target::Cd)),
-            "Hdd" => Ok(Some(Target::Hdd)),
-            _ => Err(RfError::property_not_in_list(&t, "Boot/BootSourceOverrideTarget")),
+    // Each property's values and what they mean; anything else is PropertyValueNotInList.
+    fn one_of<T: Copy>(v: Option<String>, k: &str, table: &[(&str, T)]) -> Result<Option<T>, RfError> {
+        v.map(|v| {
+            table
+                .iter()
+                .find(|(name, _)| *name == v)
+                .map(|(_, x)| *x)
+                .ok_or_else(|| RfError::property_not_in_list(&v, &format!("Boot/{k}")))
         })
-        .transpose()?;
-    let enabled = text("BootSourceOverrideEnabled")?
-        .map(|e| match e.as_str() {
-            "Disabled" => Ok(None),
-            "Once" => Ok(Some(Enabled::Once)),
-            "Continuous" => Ok(Some(Enabled::Continuous)),
-            _ => Err(RfError::property_not_in_list(&e, "Boot/BootSourceOverrideEnabled")),
-        })
-        .transpose()?;
-    let uefi = text("BootSourceOverrideMode")?
-        .map(|m| match m.as_str() {
-            "UEFI" => Ok(true),
-            "Legacy" => Ok(false),
-            _ => Err(RfError::property_not_in_list(&m, "Boot/BootSourceOverrideMode")),
-        })
-        .transpose()?;
+        .transpose()
+    }
+    let target = one_of(
+        text("BootSourceOverrideTarget")?,
+        "BootSourceOverrideTarget",
+        &[("None", None), ("Pxe", Some(Target::Pxe)), ("Cd", Some(Target::Cd)), ("Hdd", Some(Target::Hdd))],
+    )?;
+    let enabled = one_of(
+        text("BootSourceOverrideEnabled")?,
+        "BootSourceOverrideEnabled",
+        &[("Disabled", None), ("Once", Some(Enabled::Once)), ("Continuous", Some(Enabled::Continuous))],
+    )?;
+    let uefi = one_of(text("BootSourceOverrideMode")?, "BootSourceOverrideMode", &[("UEFI", true), ("Legacy", false)])?;
     for k in ["HttpBootUri", "UefiTargetBootSourceOverride"] {
         match b.get(k) {
             None | Some(Value::Null) => {}

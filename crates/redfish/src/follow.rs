@@ -12,9 +12,12 @@ use serde_json::json;
 
 use crate::auth::Caller;
 use crate::cache::Cache;
+use crate::error::Message;
 use crate::protocol;
+use crate::registry::MessageId;
 use crate::resources::{self, Ctx};
 use crate::service::Service;
+use crate::tasks::{TaskState, Tasks};
 use crate::uri::Uri;
 
 /// Where the System is on the way to a goal.
@@ -56,4 +59,14 @@ pub fn accepted(svc: &Arc<Service>, caller: &Caller, id: String) -> http::Respon
     }
     r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     r
+}
+
+/// Ends Task `id` with what following its goal came to: `Completed`, or `Exception` with the
+/// reason, or with `late` (what did not happen within the deadline) when time ran out.
+pub fn end_task(tasks: &Tasks, id: &str, outcome: &Progress, late: &str) {
+    match outcome {
+        Progress::Reached => tasks.finish(id, TaskState::Completed, Message::new(MessageId::Success, &[])),
+        Progress::Failed(why) => tasks.finish(id, TaskState::Exception, Message::new(MessageId::GeneralError, &[]).explained(why)),
+        Progress::Moving(_) => tasks.finish(id, TaskState::Exception, Message::new(MessageId::OperationTimeout, &[]).explained(late)),
+    }
 }

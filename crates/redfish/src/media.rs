@@ -37,13 +37,11 @@ use api::{DataVolume, VirtualMachine, VirtualMachineInstance};
 
 use crate::accounts::Scope;
 use crate::auth::Caller;
-use crate::error::{Message, RfError};
+use crate::error::RfError;
 use crate::follow::{self, Progress};
 use crate::power;
 use crate::protocol;
-use crate::registry::MessageId;
 use crate::service::Service;
-use crate::tasks::TaskState;
 use crate::uri::{MediaOwner, Uri, INSERT_ACTION};
 
 /// The one virtual-media device of a System.
@@ -358,17 +356,31 @@ async fn finish(
     body: &str,
 ) -> Result<http::Response<Body>, RfError> {
     let action = if matches!(goal, Goal::Ejected) { "EjectMedia" } else { "InsertMedia" };
-    match follow(svc, uid, &goal, INLINE_WAIT, |_| {}).await {
-        Progress::Reached => {
-            after(svc, uid).await;
-            Ok(protocol::empty(StatusCode::NO_CONTENT))
+    let outcome = follow(svc, uid, &goal, INLINE_WAIT, |_| {}).await;
+    if let Progress::Moving(_) = outcome {
+        return Ok(task(svc, caller, uid, goal, undo, target, body, action));
+    }
+    settle(svc, uid, &goal, &outcome, undo.as_ref()).await;
+    match outcome {
+        Progress::Failed(why) => Err(RfError::action_conflict("Image", action, &why)),
+        _ => Ok(protocol::empty(StatusCode::NO_CONTENT)),
+    }
+}
+
+/// What the end of an insert or eject leaves to do: done, free the imports nothing uses any
+/// more; a failed insert, its Event and its rollback.
+async fn settle(svc: &Service, uid: &str, goal: &Goal, outcome: &Progress, undo: Option<&Undo>) {
+    match (outcome, goal) {
+        (Progress::Reached, _) => {
+            if let Some(vm) = svc.cache.vm(uid, &Scope::default()) {
+                sweep(svc, &vm).await;
+            }
         }
-        Progress::Failed(why) => {
-            event(svc, uid, &why).await;
-            rollback(svc, uid, undo.as_ref()).await;
-            Err(RfError::action_conflict("Image", action, &why))
+        (Progress::Failed(why), Goal::Inserted(_)) => {
+            event(svc, uid, why).await;
+            rollback(svc, uid, undo).await;
         }
-        Progress::Moving(_) => Ok(task(svc, caller, uid, goal, undo, target, body, action)),
+        _ => {}
     }
 }
 
@@ -414,13 +426,6 @@ async fn rollback(svc: &Service, uid: &str, undo: Option<&Undo>) {
     }
 }
 
-/// Frees what the finished action left unused.
-async fn after(svc: &Service, uid: &str) {
-    if let Some(vm) = svc.cache.vm(uid, &Scope::default()) {
-        sweep(svc, &vm).await;
-    }
-}
-
 async fn event(svc: &Service, uid: &str, why: &str) {
     if let Some(vm) = svc.cache.vm(uid, &Scope::default()) {
         client::events::publish(&svc.client, COMPONENT, vm.as_ref(), client::events::EventType::Warning, "VirtualMediaInsertFailed", why)
@@ -441,25 +446,12 @@ fn task(
 ) -> http::Response<Body> {
     let t = svc.tasks.start(&format!("VirtualMedia.{action} of System {uid}"), &caller.user, &target.path(), body);
     let (svc2, uid2, id) = (Arc::clone(svc), uid.to_owned(), t.id.clone());
+    let late = format!("VirtualMedia.{action} did not take effect within {} s", TASK_DEADLINE.as_secs());
     tokio::spawn(async move {
         let tasks = &svc2.tasks;
-        match follow(&svc2, &uid2, &goal, TASK_DEADLINE, |p| tasks.progress(&id, p)).await {
-            Progress::Reached => {
-                after(&svc2, &uid2).await;
-                tasks.finish(&id, TaskState::Completed, Message::new(MessageId::Success, &[]));
-            }
-            Progress::Failed(why) => {
-                event(&svc2, &uid2, &why).await;
-                rollback(&svc2, &uid2, undo.as_ref()).await;
-                tasks.finish(&id, TaskState::Exception, Message::new(MessageId::GeneralError, &[]).explained(&why));
-            }
-            Progress::Moving(_) => tasks.finish(
-                &id,
-                TaskState::Exception,
-                Message::new(MessageId::OperationTimeout, &[])
-                    .explained(&format!("the medium was not in the drive within {} s", TASK_DEADLINE.as_secs())),
-            ),
-        }
+        let outcome = follow(&svc2, &uid2, &goal, TASK_DEADLINE, |p| tasks.progress(&id, p)).await;
+        settle(&svc2, &uid2, &goal, &outcome, undo.as_ref()).await;
+        follow::end_task(tasks, &id, &outcome, &late);
     });
     follow::accepted(svc, caller, t.id)
 }

@@ -33,13 +33,11 @@ use api::{VirtualMachine, VirtualMachineInstance};
 
 use crate::accounts::Scope;
 use crate::auth::Caller;
-use crate::error::{Message, RfError};
+use crate::error::RfError;
 use crate::follow::{self, Progress};
 use crate::power::{self, PowerState, ResetType, Step};
 use crate::protocol;
-use crate::registry::MessageId;
 use crate::service::Service;
-use crate::tasks::TaskState;
 use crate::uri::Uri;
 
 pub use api::annotations::{NMI_FAILED, NMI_INJECTED, NMI_REQUESTED};
@@ -234,18 +232,11 @@ fn task(svc: &Arc<Service>, caller: &Caller, uid: &str, reset: ResetType, goal: 
     tokio::spawn(async move {
         let tasks = &svc2.tasks;
         let outcome = follow(&svc2, &uid2, &goal, TASK_DEADLINE, |p| tasks.progress(&id, p)).await;
-        match outcome {
-            Progress::Reached => tasks.finish(&id, TaskState::Completed, Message::new(MessageId::Success, &[])),
-            Progress::Failed(why) => tasks.finish(&id, TaskState::Exception, Message::new(MessageId::GeneralError, &[]).explained(&why)),
-            Progress::Moving(_) => tasks.finish(
-                &id,
-                TaskState::Exception,
-                Message::new(MessageId::OperationTimeout, &[]).explained(&format!(
-                    "the System did not reach the state asked for within {} s; see `virtplug vm get` and the VM's Events",
-                    TASK_DEADLINE.as_secs()
-                )),
-            ),
-        }
+        let late = format!(
+            "the System did not reach the state asked for within {} s; see `virtplug vm get` and the VM's Events",
+            TASK_DEADLINE.as_secs()
+        );
+        follow::end_task(tasks, &id, &outcome, &late);
     });
     follow::accepted(svc, caller, t.id)
 }

@@ -234,7 +234,7 @@ impl Worker {
                     // The media that could be plugged are in; one still waiting is plugged later
                     // like any hot-plug (the controller starts a VM only once its virtual media
                     // are imported), the guest is not held for it.
-                    match l.machine.execute("cont", serde_json::json!({})).await {
+                    match l.machine.resume().await {
                         Ok(_) => tracing::info!("media in their drives: the guest runs"),
                         Err(e) => tracing::warn!("cannot resume QEMU after plugging the media: {e}"),
                     }
