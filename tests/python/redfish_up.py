@@ -199,3 +199,19 @@ class Images:
 
     def close(self):
         self.httpd.shutdown()
+
+
+def connect(up, how=None):
+    """A sushy connection to `up`'s Redfish service as admin (session, else Basic: as Ironic)."""
+    import sushy
+    from sushy import auth
+    how = how or auth.SessionOrBasicAuth
+    return sushy.Sushy(up.url + "/redfish/v1/", verify=up.ca, auth=how(username="admin", password=up.password))
+
+
+def system_named(conn, name):
+    """The System of VM `namespace/name`, through sushy."""
+    for s in conn.get_system_collection().get_members():
+        if s.name == name:
+            return s
+    raise AssertionError(f"no System named {name}")

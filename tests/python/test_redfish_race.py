@@ -24,7 +24,7 @@ import requests
 import requests.adapters
 from kubernetes import client
 
-from redfish_up import GROUP, VERSION, Images, Up, wait_until
+from redfish_up import GROUP, VERSION, wait_until
 
 VMS = 24
 CYCLES = int(os.environ.get("VIRTPLUG_RACE_CYCLES", "240"))
@@ -34,22 +34,9 @@ MEDIA = {f"m{i}.iso": bytes([i]) * 16 + b"\0" * ((1 << 20) - 16) for i in range(
 
 
 @pytest.fixture(scope="module")
-def images():
-    i = Images()
-    i.extra.update(MEDIA)
-    try:
-        yield i
-    finally:
-        i.close()
-
-
-@pytest.fixture(scope="module")
-def up():
-    u = Up(extra_args=["--import-allow-host", "127.0.0.1"])
-    try:
-        yield u
-    finally:
-        u.close()
+def images(images):
+    images.extra.update(MEDIA)
+    return images
 
 
 def session(up):

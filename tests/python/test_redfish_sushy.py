@@ -7,7 +7,7 @@ import pytest
 import sushy
 from sushy import auth
 
-from redfish_up import Up, wait_until
+from redfish_up import Up, connect, system_named, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -24,17 +24,6 @@ def own_ca(monkeypatch):
     # requests prefers these over sushy's own `verify` (the service's CA).
     monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
     monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-
-
-def connect(up, how):
-    return sushy.Sushy(up.url + "/redfish/v1/", verify=up.ca, auth=how(username="admin", password=up.password))
-
-
-def system_named(conn, name):
-    for s in conn.get_system_collection().get_members():
-        if s.name == name:
-            return s
-    raise AssertionError(f"no System named {name}")
 
 
 def test_session_and_basic_login_list_the_systems(up):

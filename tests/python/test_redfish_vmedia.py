@@ -15,47 +15,16 @@ import pytest
 import requests
 import sushy
 from kubernetes import client
-from sushy import auth
 
-from redfish_up import GROUP, GUEST, REPO, VERSION, Images, Up, wait_until
+from redfish_up import GROUP, GUEST, REPO, VERSION, connect, system_named, wait_until
 
 BOOT_DEADLINE = 420
-
-
-@pytest.fixture(scope="module")
-def images():
-    i = Images()
-    try:
-        yield i
-    finally:
-        i.close()
-
-
-@pytest.fixture(scope="module")
-def up():
-    # The image server is on loopback, which imports refuse unless allowed.
-    u = Up(extra_args=["--import-allow-host", "127.0.0.1"])
-    try:
-        yield u
-    finally:
-        u.close()
 
 
 @pytest.fixture(autouse=True)
 def own_ca(monkeypatch):
     monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
     monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-
-
-def connect(up):
-    return sushy.Sushy(up.url + "/redfish/v1/", verify=up.ca, auth=auth.SessionOrBasicAuth(username="admin", password=up.password))
-
-
-def system_named(conn, name):
-    for s in conn.get_system_collection().get_members():
-        if s.name == name:
-            return s
-    raise AssertionError(f"no System named {name}")
 
 
 def create_bm(up, images, name):
