@@ -179,6 +179,21 @@ impl Server {
                 let _ = objects.create(nsdef, None, json!({"metadata": {"name": ns}}), false).await;
             }
         }
+        // Namespaces made before ServiceAccounts were served get their `default` one now.
+        if let Some(nsdef) = nsdef {
+            for (_, ns) in objects.list(nsdef, None, None).1 {
+                if let Some(name) = ns.pointer("/metadata/name").and_then(serde_json::Value::as_str) {
+                    objects.ensure_default_service_account(name).await;
+                }
+            }
+        }
+        if let Some(scdef) = registry::find("storage.k8s.io", "v1", "storageclasses") {
+            if objects.store.get(&scdef.key(None, kinds::storageclass::LOCAL)).is_none() {
+                if let Err(e) = objects.create(scdef, None, kinds::storageclass::local(), false).await {
+                    tracing::warn!("creating the default StorageClass failed: {}", e.message);
+                }
+            }
+        }
         let gc_objects = objects.clone();
         let event_ttl = config.event_ttl;
         health.spawn(GARBAGE_COLLECTOR, async move {
@@ -254,9 +269,10 @@ impl Server {
         let ca = base64::engine::general_purpose::STANDARD.encode(self.credentials.ca_pem.as_bytes());
         let doc = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: virtplug\n  cluster:\n    server: {server_url}\n    certificate-authority-data: {ca}\n\
-             users:\n- name: virtplug-admin\n  user:\n    token: {}\ncontexts:\n- name: virtplug\n  context:\n    cluster: virtplug\n    user: virtplug-admin\n    namespace: default\n\
+             users:\n- name: {user}\n  user:\n    token: {}\ncontexts:\n- name: virtplug\n  context:\n    cluster: virtplug\n    user: {user}\n    namespace: default\n\
              current-context: virtplug\n",
-            self.credentials.token
+            self.credentials.token,
+            user = kinds::review::ADMIN_USER,
         );
         let path = self.data_dir.join("kubeconfig");
         durable::write_atomic(&path, doc.as_bytes(), 0o600)?;

@@ -13,8 +13,8 @@ use crate::registry::{self, ResourceDef};
 use crate::status::ApiError;
 use crate::store::{Op, Store, StoreError, Stored};
 
-pub use metadata::Part;
-use metadata::{check_metadata, check_type, merge_server_fields, meta, meta_mut};
+use metadata::{check_metadata, merge_server_fields, meta, meta_mut};
+pub use metadata::{check_type, Part};
 
 /// How many times a write without a client precondition is re-applied to a fresh read when
 /// another writer got in between (the apiserver's `GuaranteedUpdate` loop).
@@ -197,7 +197,7 @@ impl Objects {
             }
         }
         let name = meta_str(&obj, "name").unwrap_or_default().to_owned();
-        let name_causes = api::validation::dns1123_subdomain(&name, "metadata.name");
+        let name_causes = def.name_causes(&name);
         if !name_causes.is_empty() {
             return Err(ApiError::invalid(def.group, def.kind, &name, &name_causes));
         }
@@ -228,7 +228,26 @@ impl Objects {
         }
         let key = def.key(ns, &name);
         let ev = self.store.write(Op::Create { key, object: obj }).await.map_err(|e| store_err(def, &name, e))?;
+        if def.kind == "Namespace" {
+            self.ensure_default_service_account(&name).await;
+        }
         Ok((*ev.object).clone())
+    }
+
+    /// Creates the namespace's `default` ServiceAccount when it is missing (the
+    /// service-account controller's job in Kubernetes). A failure is logged: the namespace
+    /// stands without it, and the next start creates it.
+    pub async fn ensure_default_service_account(&self, ns: &str) {
+        let Some(sa) = registry::find("", "v1", "serviceaccounts") else { return };
+        let name = crate::kinds::serviceaccount::DEFAULT;
+        if self.store.get(&sa.key(Some(ns), name)).is_some() {
+            return;
+        }
+        match Box::pin(self.create(sa, Some(ns), json!({"metadata": {"name": name}}), false)).await {
+            Ok(_) => {}
+            Err(e) if e.code == 409 => {}
+            Err(e) => tracing::warn!(namespace = ns, "creating the default ServiceAccount failed: {}", e.message),
+        }
     }
 
     fn validate(&self, def: &ResourceDef, name: &str, obj: &Value) -> Result<(), ApiError> {

@@ -10,8 +10,8 @@
 //! # Flow
 //! The body is `k8s\0` followed by a `runtime.Unknown` message: `typeMeta` (apiVersion, kind),
 //! `raw` (the object's message). The kind is looked up in the registry; its
-//! [`Strategy::from_protobuf`](crate::registry::Strategy::from_protobuf) decodes `raw`
-//! ([`crate::kinds`], with [`meta`] for `ObjectMeta`). A kind without a decoder is 415 naming
+//! [`Strategy::from_protobuf`](crate::registry::Strategy::from_protobuf) describes `raw`
+//! ([`crate::kinds`]); [`message`] decodes any described message. A kind without a decoder is 415 naming
 //! the media types that work.
 //!
 //! # Guarantees
@@ -19,7 +19,7 @@
 //! numbers and empty maps are left out (`omitempty`). Unknown fields are skipped. Nothing
 //! panics on any input; malformed input is 400.
 
-pub mod meta;
+pub mod message;
 pub mod wire;
 
 use serde_json::Value;
@@ -36,7 +36,7 @@ pub fn is_protobuf(media_type: &str) -> bool {
 }
 
 /// The media types objects can be sent in, for 415 messages.
-pub const ACCEPTED: &str = "application/json, application/yaml, application/vnd.kubernetes.protobuf (Secret)";
+pub const ACCEPTED: &str = "application/json, application/yaml, application/vnd.kubernetes.protobuf (the core kinds kubectl creates)";
 
 /// Decodes a protobuf body into the JSON object of its kind.
 ///
@@ -68,14 +68,15 @@ pub fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
         return Err(ApiError::unsupported_media(format!("the protobuf body uses contentEncoding {encoding:?}; send it unencoded")));
     }
     let (group, _version) = api_version.rsplit_once('/').unwrap_or(("", api_version.as_str()));
-    let decoder = crate::registry::by_kind(group, &kind).and_then(|d| d.strategy).and_then(|s| s.from_protobuf);
+    let decoder = crate::registry::by_kind(group, &kind).and_then(crate::registry::ResourceDef::protobuf);
     let Some(decode) = decoder else {
         return Err(ApiError::unsupported_media(format!(
             "the body of the request was in an unknown format (application/vnd.kubernetes.protobuf for {kind:?} of {api_version:?}) \
              - accepted media types include: {ACCEPTED}"
         )));
     };
-    let mut obj = decode(raw.unwrap_or_default()).map_err(|e| ApiError::bad_request(format!("the protobuf {kind} is malformed: {e}")))?;
+    let mut obj = message::decode(decode, raw.unwrap_or_default())
+        .map_err(|e| ApiError::bad_request(format!("the protobuf {kind} cannot be read: {e}")))?;
     if let Some(m) = obj.as_object_mut() {
         m.insert("apiVersion".into(), Value::String(api_version));
         m.insert("kind".into(), Value::String(kind));

@@ -5,9 +5,6 @@ use serde_json::{json, Value};
 /// Validates a whole object; returns every violation.
 pub type Validator = fn(&Value) -> Vec<api::validation::Cause>;
 
-/// Decodes a kind's protobuf message into its JSON form.
-pub type ProtobufDecoder = fn(&[u8]) -> Result<Value, crate::protobuf::wire::WireError>;
-
 /// What a kind's writes do beyond the generic verbs (kube-apiserver's REST strategy); the
 /// kinds with one live in [`crate::kinds`].
 #[derive(Debug)]
@@ -23,7 +20,7 @@ pub struct Strategy {
     pub schema: fn() -> Value,
     /// Decodes the kind's protobuf message (the `raw` of a `runtime.Unknown`) into its JSON
     /// form; `None`: protobuf bodies of this kind are 415 (see [`crate::protobuf`]).
-    pub from_protobuf: Option<ProtobufDecoder>,
+    pub from_protobuf: Option<&'static crate::protobuf::message::Message>,
 }
 
 /// One served resource.
@@ -46,6 +43,24 @@ pub struct ResourceDef {
     pub validate: Option<Validator>,
     /// Kind-specific write rules; `None`: the generic verbs only.
     pub strategy: Option<&'static Strategy>,
+    /// What `metadata.name` must be.
+    pub names: NameRule,
+    /// The fields a field selector may name besides `metadata.name` and `metadata.namespace`
+    /// (kube-apiserver's per-kind field label conversion); others are 400.
+    pub field_labels: &'static [&'static str],
+    /// A review (`SelfSubjectAccessReview`, ...): only `create`, which answers and stores nothing.
+    pub review: Option<&'static crate::kinds::review::Review>,
+}
+
+/// The rule an object's name follows (kube-apiserver's `ValidateObjectMeta` name function).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameRule {
+    /// DNS-1123 subdomain: most kinds.
+    Subdomain,
+    /// DNS-1123 label: Namespace.
+    Label,
+    /// DNS-1035 label (starts with a letter): Service.
+    Label1035,
 }
 
 impl ResourceDef {
@@ -85,39 +100,80 @@ impl ResourceDef {
     }
 
     fn verbs(&self) -> Value {
+        if self.review.is_some() {
+            return json!(["create"]);
+        }
         json!(["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"])
     }
+
+    /// The description of the kind's protobuf message, when bodies of it may be sent so.
+    #[must_use]
+    pub fn protobuf(&self) -> Option<&'static crate::protobuf::message::Message> {
+        self.strategy.and_then(|s| s.from_protobuf).or(self.review.map(|r| r.protobuf))
+    }
+
+    /// Checks `metadata.name` against [`Self::names`].
+    #[must_use]
+    pub fn name_causes(&self, name: &str) -> Vec<api::validation::Cause> {
+        match self.names {
+            NameRule::Subdomain => api::validation::dns1123_subdomain(name, "metadata.name"),
+            NameRule::Label => api::validation::dns1123_label(name, "metadata.name"),
+            NameRule::Label1035 => {
+                let mut causes = api::validation::dns1123_label(name, "metadata.name");
+                if causes.is_empty() && !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                    causes.push(api::validation::Cause::new(
+                        api::validation::CauseType::Invalid,
+                        "metadata.name",
+                        format!("{name:?} is not a valid DNS-1035 label: it must start with a lower case letter (e.g. 'my-service')"),
+                    ));
+                }
+                causes
+            }
+        }
+    }
 }
+
+/// A core/v1 namespaced resource with the generic verbs only; the rows below override fields.
+const CORE: ResourceDef = ResourceDef {
+    group: "",
+    version: "v1",
+    plural: "",
+    singular: "",
+    kind: "",
+    namespaced: true,
+    short_names: &[],
+    categories: &[],
+    status: false,
+    custom: false,
+    validate: None,
+    strategy: None,
+    names: NameRule::Subdomain,
+    field_labels: &[],
+    review: None,
+};
+
+/// A KubeVirt or CDI custom resource.
+const CUSTOM: ResourceDef = ResourceDef { categories: &["all"], status: true, custom: true, ..CORE };
 
 /// Every resource served.
 pub static RESOURCES: &[ResourceDef] = &[
     ResourceDef {
         group: "kubevirt.io",
-        version: "v1",
         plural: "virtualmachines",
         singular: "virtualmachine",
         kind: "VirtualMachine",
-        namespaced: true,
         short_names: &["vm", "vms"],
-        categories: &["all"],
-        status: true,
-        custom: true,
         validate: Some(api::validation::validate_vm),
-        strategy: None,
+        ..CUSTOM
     },
     ResourceDef {
         group: "kubevirt.io",
-        version: "v1",
         plural: "virtualmachineinstances",
         singular: "virtualmachineinstance",
         kind: "VirtualMachineInstance",
-        namespaced: true,
         short_names: &["vmi", "vmis"],
-        categories: &["all"],
-        status: true,
-        custom: true,
         validate: Some(api::validation::validate_vmi),
-        strategy: None,
+        ..CUSTOM
     },
     ResourceDef {
         group: "cdi.kubevirt.io",
@@ -125,83 +181,176 @@ pub static RESOURCES: &[ResourceDef] = &[
         plural: "datavolumes",
         singular: "datavolume",
         kind: "DataVolume",
-        namespaced: true,
         short_names: &["dv", "dvs"],
-        categories: &["all"],
-        status: true,
-        custom: true,
         validate: Some(api::validation::validate_data_volume),
-        strategy: None,
+        ..CUSTOM
     },
     ResourceDef {
-        group: "",
-        version: "v1",
         plural: "persistentvolumeclaims",
         singular: "persistentvolumeclaim",
         kind: "PersistentVolumeClaim",
-        namespaced: true,
         short_names: &["pvc"],
-        categories: &[],
         status: true,
-        custom: false,
-        validate: None,
-        strategy: None,
+        ..CORE
     },
     ResourceDef {
-        group: "",
-        version: "v1",
         plural: "events",
         singular: "event",
         kind: "Event",
-        namespaced: true,
         short_names: &["ev"],
-        categories: &[],
-        status: false,
-        custom: false,
-        validate: None,
-        strategy: None,
+        field_labels: crate::kinds::event::FIELD_LABELS,
+        ..CORE
     },
     ResourceDef {
-        group: "",
-        version: "v1",
         plural: "nodes",
         singular: "node",
         kind: "Node",
         namespaced: false,
         short_names: &["no"],
-        categories: &[],
         status: true,
-        custom: false,
-        validate: None,
-        strategy: None,
+        field_labels: &["spec.unschedulable"],
+        ..CORE
     },
     ResourceDef {
-        group: "",
-        version: "v1",
         plural: "namespaces",
         singular: "namespace",
         kind: "Namespace",
         namespaced: false,
         short_names: &["ns"],
-        categories: &[],
         status: true,
-        custom: false,
-        validate: None,
-        strategy: None,
+        names: NameRule::Label,
+        field_labels: &["status.phase"],
+        strategy: Some(&crate::kinds::namespace::STRATEGY),
+        ..CORE
     },
     ResourceDef {
-        group: "",
-        version: "v1",
         plural: "secrets",
         singular: "secret",
         kind: "Secret",
-        namespaced: true,
-        short_names: &[],
-        categories: &[],
-        status: false,
-        custom: false,
         validate: Some(crate::kinds::secret::validate),
         strategy: Some(&crate::kinds::secret::STRATEGY),
+        field_labels: &["type"],
+        ..CORE
+    },
+    ResourceDef {
+        plural: "configmaps",
+        singular: "configmap",
+        kind: "ConfigMap",
+        short_names: &["cm"],
+        validate: Some(crate::kinds::configmap::validate),
+        strategy: Some(&crate::kinds::configmap::STRATEGY),
+        ..CORE
+    },
+    ResourceDef {
+        plural: "serviceaccounts",
+        singular: "serviceaccount",
+        kind: "ServiceAccount",
+        short_names: &["sa"],
+        validate: Some(crate::kinds::serviceaccount::validate),
+        strategy: Some(&crate::kinds::serviceaccount::STRATEGY),
+        ..CORE
+    },
+    ResourceDef {
+        plural: "pods",
+        singular: "pod",
+        kind: "Pod",
+        short_names: &["po"],
+        categories: &["all"],
+        status: true,
+        validate: Some(crate::kinds::pod::validate),
+        strategy: Some(&crate::kinds::pod::STRATEGY),
+        field_labels: crate::kinds::pod::FIELD_LABELS,
+        ..CORE
+    },
+    ResourceDef {
+        plural: "services",
+        singular: "service",
+        kind: "Service",
+        short_names: &["svc"],
+        categories: &["all"],
+        status: true,
+        names: NameRule::Label1035,
+        validate: Some(crate::kinds::service::validate),
+        strategy: Some(&crate::kinds::service::STRATEGY),
+        ..CORE
+    },
+    ResourceDef {
+        plural: "persistentvolumes",
+        singular: "persistentvolume",
+        kind: "PersistentVolume",
+        namespaced: false,
+        short_names: &["pv"],
+        status: true,
+        validate: Some(crate::kinds::persistentvolume::validate),
+        strategy: Some(&crate::kinds::persistentvolume::STRATEGY),
+        ..CORE
+    },
+    ResourceDef {
+        group: "storage.k8s.io",
+        plural: "storageclasses",
+        singular: "storageclass",
+        kind: "StorageClass",
+        namespaced: false,
+        short_names: &["sc"],
+        validate: Some(crate::kinds::storageclass::validate),
+        strategy: Some(&crate::kinds::storageclass::STRATEGY),
+        ..CORE
+    },
+    ResourceDef {
+        group: "coordination.k8s.io",
+        plural: "leases",
+        singular: "lease",
+        kind: "Lease",
+        validate: Some(crate::kinds::lease::validate),
+        ..CORE
+    },
+    ResourceDef {
+        group: "authorization.k8s.io",
+        plural: "selfsubjectaccessreviews",
+        singular: "selfsubjectaccessreview",
+        kind: "SelfSubjectAccessReview",
+        namespaced: false,
+        review: Some(&crate::kinds::review::ACCESS),
+        ..CORE
+    },
+    ResourceDef {
+        group: "authorization.k8s.io",
+        plural: "selfsubjectrulesreviews",
+        singular: "selfsubjectrulesreview",
+        kind: "SelfSubjectRulesReview",
+        namespaced: false,
+        review: Some(&crate::kinds::review::RULES),
+        ..CORE
+    },
+    ResourceDef {
+        group: "authentication.k8s.io",
+        plural: "selfsubjectreviews",
+        singular: "selfsubjectreview",
+        kind: "SelfSubjectReview",
+        namespaced: false,
+        review: Some(&crate::kinds::review::SUBJECT),
+        ..CORE
+    },
+    // kubectl 1.27's `auth whoami` asks v1alpha1 and v1beta1 only.
+    ResourceDef {
+        group: "authentication.k8s.io",
+        version: "v1beta1",
+        plural: "selfsubjectreviews",
+        singular: "selfsubjectreview",
+        kind: "SelfSubjectReview",
+        namespaced: false,
+        review: Some(&crate::kinds::review::SUBJECT),
+        ..CORE
+    },
+    ResourceDef {
+        group: "authentication.k8s.io",
+        version: "v1alpha1",
+        plural: "selfsubjectreviews",
+        singular: "selfsubjectreview",
+        kind: "SelfSubjectReview",
+        namespaced: false,
+        review: Some(&crate::kinds::review::SUBJECT),
+        ..CORE
     },
 ];
 
@@ -223,36 +372,38 @@ pub fn core_versions() -> Value {
     json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]})
 }
 
-fn groups() -> Vec<(&'static str, &'static str)> {
-    let mut out: Vec<(&str, &str)> = Vec::new();
+/// The groups with their versions, the first served version of each preferred.
+fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
     for r in RESOURCES.iter().filter(|r| !r.group.is_empty()) {
-        if !out.contains(&(r.group, r.version)) {
-            out.push((r.group, r.version));
+        match out.iter_mut().find(|(g, _)| *g == r.group) {
+            Some((_, versions)) if !versions.contains(&r.version) => versions.push(r.version),
+            Some(_) => {}
+            None => out.push((r.group, vec![r.version])),
         }
     }
+    out.push(("subresources.kubevirt.io", vec!["v1"]));
     out
 }
 
-fn group_doc(group: &str, version: &str) -> Value {
-    let gv = json!({"groupVersion": format!("{group}/{version}"), "version": version});
-    json!({"name": group, "versions": [gv.clone()], "preferredVersion": gv})
+fn group_doc(group: &str, versions: &[&str]) -> Value {
+    let gv = |v: &str| json!({"groupVersion": format!("{group}/{v}"), "version": v});
+    let preferred = versions.first().map_or(Value::Null, |v| gv(v));
+    json!({"name": group, "versions": versions.iter().map(|v| gv(v)).collect::<Vec<_>>(), "preferredVersion": preferred})
 }
 
 /// `/apis`
 #[must_use]
 pub fn api_group_list() -> Value {
-    let mut groups: Vec<Value> = groups().into_iter().map(|(g, v)| group_doc(g, v)).collect();
-    groups.push(group_doc("subresources.kubevirt.io", "v1"));
+    let groups: Vec<Value> = groups().iter().map(|(g, v)| group_doc(g, v)).collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `/apis/<group>`
 #[must_use]
 pub fn api_group(group: &str) -> Option<Value> {
-    let mut all = groups();
-    all.push(("subresources.kubevirt.io", "v1"));
-    all.into_iter().find(|(g, _)| *g == group).map(|(g, v)| {
-        let mut doc = group_doc(g, v);
+    groups().into_iter().find(|(g, _)| *g == group).map(|(g, v)| {
+        let mut doc = group_doc(g, &v);
         doc["kind"] = json!("APIGroup");
         doc["apiVersion"] = json!("v1");
         doc

@@ -171,6 +171,10 @@ async fn route(st: &ApiState, req: Request) -> Result<Response, ApiError> {
                     resource = Some(r);
                     continue;
                 }
+                // A review is only created.
+                if r.def.review.is_some() && !(parts.method == Method::POST && r.shape == Shape::Collection) {
+                    return Err(ApiError::method_not_allowed());
+                }
                 record_resource(&r);
                 return handler(Call::new(st, parts, query, Vec::new(), body), r).await;
             }

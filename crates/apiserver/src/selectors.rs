@@ -152,21 +152,37 @@ impl Selector {
         self.matches(get)
     }
 
-    /// Whether the object's fields match (a missing field reads as empty).
+    /// Whether the object's fields match. A field reads as kube-apiserver's field set has it: a
+    /// boolean as `true`/`false` (missing: `false`, Go's zero value), anything else missing as
+    /// empty.
     #[must_use]
     pub fn matches_fields(&self, obj: &Value) -> bool {
-        let get = |k: &str| {
+        let get = |k: &str| -> std::borrow::Cow<'_, str> {
             let mut cur = obj;
             for seg in k.split('.') {
-                cur = cur.get(seg)?;
+                match cur.get(seg) {
+                    Some(next) => cur = next,
+                    None if BOOL_FIELDS.contains(&k) => return "false".into(),
+                    None => return "".into(),
+                }
             }
-            cur.as_str()
+            match cur {
+                Value::String(s) => s.as_str().into(),
+                Value::Bool(b) => b.to_string().into(),
+                Value::Number(n) => n.to_string().into(),
+                _ => "".into(),
+            }
         };
         self.reqs.iter().all(|r| match r {
-            Req::Eq(k, v) => get(k).unwrap_or("") == v,
-            Req::Ne(k, v) => get(k).unwrap_or("") != v,
+            Req::Eq(k, v) => get(k) == v.as_str(),
+            Req::Ne(k, v) => get(k) != v.as_str(),
             _ => true,
         })
+    }
+
+    /// The fields the selector names.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.reqs.iter().map(|r| r.key_and_values().0)
     }
 
     fn matches<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> bool {
@@ -180,6 +196,9 @@ impl Selector {
         })
     }
 }
+
+/// Selectable fields that are booleans in Go (a missing one is `false`).
+const BOOL_FIELDS: [&str; 2] = ["spec.hostNetwork", "spec.unschedulable"];
 
 #[cfg(test)]
 mod tests {

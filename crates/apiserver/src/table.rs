@@ -104,21 +104,7 @@ fn columns(kind: &str) -> Vec<Column> {
             cols.push(c("Status", "string", |v, _| s(v, "/status/phase")));
             cols.push(c("Volume", "string", |v, _| v.pointer("/spec/volumeName").cloned().unwrap_or(json!(""))));
             cols.push(c("Capacity", "string", |v, _| v.pointer("/status/capacity/storage").cloned().unwrap_or(json!(""))));
-            cols.push(c("Access Modes", "string", |v, _| {
-                let modes: Vec<&str> = v.pointer("/status/accessModes").and_then(Value::as_array).map_or_else(Vec::new, |m| {
-                    m.iter()
-                        .filter_map(Value::as_str)
-                        .map(|m| match m {
-                            "ReadWriteOnce" => "RWO",
-                            "ReadOnlyMany" => "ROX",
-                            "ReadWriteMany" => "RWX",
-                            "ReadWriteOncePod" => "RWOP",
-                            other => other,
-                        })
-                        .collect()
-                });
-                json!(modes.join(","))
-            }));
+            cols.push(c("Access Modes", "string", |v, _| access_modes(v, "/status/accessModes")));
             cols.push(c("StorageClass", "string", |v, _| s(v, "/spec/storageClassName")));
             cols.push(c("VolumeMode", "string", |v, _| s(v, "/spec/volumeMode")));
             cols.push(c("Age", "date", age));
@@ -165,9 +151,123 @@ fn columns(kind: &str) -> Vec<Column> {
             }));
             cols.push(c("Message", "string", |v, _| s(v, "/message")));
         }
+        "ConfigMap" => {
+            cols.push(c("Data", "string", |v, _| {
+                let n = |f: &str| v.get(f).and_then(Value::as_object).map_or(0, serde_json::Map::len);
+                json!(n("data") + n("binaryData"))
+            }));
+            cols.push(c("Age", "date", age));
+        }
+        "ServiceAccount" => {
+            cols.push(c("Secrets", "integer", |v, _| json!(v.get("secrets").and_then(Value::as_array).map_or(0, Vec::len))));
+            cols.push(c("Age", "date", age));
+        }
+        "Pod" => {
+            cols.push(c("Ready", "string", |v, _| {
+                let total = v.pointer("/spec/containers").and_then(Value::as_array).map_or(0, Vec::len);
+                let ready = statuses(v).filter(|s| s["ready"] == true).count();
+                json!(format!("{ready}/{total}"))
+            }));
+            cols.push(c("Status", "string", |v, _| {
+                let waiting = statuses(v).find_map(|s| s.pointer("/state/waiting/reason").and_then(Value::as_str));
+                let reason = v.pointer("/status/reason").and_then(Value::as_str);
+                let deleting = v.pointer("/metadata/deletionTimestamp").is_some();
+                json!(if deleting {
+                    "Terminating"
+                } else {
+                    reason.or(waiting).or_else(|| v.pointer("/status/phase").and_then(Value::as_str)).unwrap_or("Pending")
+                })
+            }));
+            cols.push(c("Restarts", "integer", |v, _| json!(statuses(v).filter_map(|s| s["restartCount"].as_i64()).sum::<i64>())));
+            cols.push(c("Age", "date", age));
+        }
+        "Service" => {
+            cols.push(c("Type", "string", |v, _| s(v, "/spec/type")));
+            cols.push(c("Cluster-IP", "string", |v, _| s(v, "/spec/clusterIP")));
+            cols.push(c("External-IP", "string", |v, _| {
+                let ips: Vec<&str> =
+                    v.pointer("/spec/externalIPs").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+                if v.pointer("/spec/type") == Some(&json!("ExternalName")) {
+                    return s(v, "/spec/externalName");
+                }
+                json!(if ips.is_empty() { "<none>".to_owned() } else { ips.join(",") })
+            }));
+            cols.push(c("Port(s)", "string", |v, _| {
+                let ports: Vec<String> = v
+                    .pointer("/spec/ports")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|p| {
+                        let proto = p["protocol"].as_str().unwrap_or("TCP");
+                        match p.get("nodePort").and_then(Value::as_i64) {
+                            Some(n) => format!("{}:{n}/{proto}", p["port"]),
+                            None => format!("{}/{proto}", p["port"]),
+                        }
+                    })
+                    .collect();
+                json!(if ports.is_empty() { "<none>".to_owned() } else { ports.join(",") })
+            }));
+            cols.push(c("Age", "date", age));
+        }
+        "PersistentVolume" => {
+            cols.push(c("Capacity", "string", |v, _| v.pointer("/spec/capacity/storage").cloned().unwrap_or(json!(""))));
+            cols.push(c("Access Modes", "string", |v, _| access_modes(v, "/spec/accessModes")));
+            cols.push(c("Reclaim Policy", "string", |v, _| s(v, "/spec/persistentVolumeReclaimPolicy")));
+            cols.push(c("Status", "string", |v, _| s(v, "/status/phase")));
+            cols.push(c("Claim", "string", |v, _| {
+                let (ns, name) = (v.pointer("/spec/claimRef/namespace"), v.pointer("/spec/claimRef/name"));
+                match (ns.and_then(Value::as_str), name.and_then(Value::as_str)) {
+                    (Some(ns), Some(name)) => json!(format!("{ns}/{name}")),
+                    _ => json!(""),
+                }
+            }));
+            cols.push(c("StorageClass", "string", |v, _| v.pointer("/spec/storageClassName").cloned().unwrap_or(json!(""))));
+            cols.push(c("Reason", "string", |v, _| v.pointer("/status/reason").cloned().unwrap_or(json!(""))));
+            cols.push(c("Age", "date", age));
+        }
+        "StorageClass" => {
+            cols[0] = c("Name", "string", |v, _| {
+                let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+                json!(if crate::kinds::storageclass::is_default(v) { format!("{name} (default)") } else { name.to_owned() })
+            });
+            cols.push(c("Provisioner", "string", |v, _| s(v, "/provisioner")));
+            cols.push(c("ReclaimPolicy", "string", |v, _| s(v, "/reclaimPolicy")));
+            cols.push(c("VolumeBindingMode", "string", |v, _| s(v, "/volumeBindingMode")));
+            cols.push(c("AllowVolumeExpansion", "string", |v, _| {
+                json!(v.get("allowVolumeExpansion").and_then(Value::as_bool).unwrap_or(false).to_string())
+            }));
+            cols.push(c("Age", "date", age));
+        }
+        "Lease" => {
+            cols.push(c("Holder", "string", |v, _| v.pointer("/spec/holderIdentity").cloned().unwrap_or(json!(""))));
+            cols.push(c("Age", "date", age));
+        }
         _ => cols.push(c("Age", "date", age)),
     }
     cols
+}
+
+/// A Pod's container statuses.
+fn statuses(v: &Value) -> impl Iterator<Item = &Value> {
+    v.pointer("/status/containerStatuses").and_then(Value::as_array).into_iter().flatten()
+}
+
+/// Access modes as kubectl abbreviates them (`RWO,ROX`).
+fn access_modes(v: &Value, ptr: &str) -> Value {
+    let modes: Vec<&str> = v.pointer(ptr).and_then(Value::as_array).map_or_else(Vec::new, |m| {
+        m.iter()
+            .filter_map(Value::as_str)
+            .map(|m| match m {
+                "ReadWriteOnce" => "RWO",
+                "ReadOnlyMany" => "ROX",
+                "ReadWriteMany" => "RWX",
+                "ReadWriteOncePod" => "RWOP",
+                other => other,
+            })
+            .collect()
+    });
+    json!(modes.join(","))
 }
 
 /// A Table of `items` (each a whole object).

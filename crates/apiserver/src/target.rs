@@ -120,6 +120,14 @@ pub fn parse(segs: &[&str], query: &HashMap<String, String>) -> Result<Resource,
         _ => return Err(ApiError::no_resource()),
     };
     let opts = ListOptions::parse(query)?;
+    if let Some(key) = opts.fields.keys().find(|k| !matches!(*k, "metadata.name" | "metadata.namespace") && !def.field_labels.contains(k)) {
+        let supported: Vec<&str> = ["metadata.name", "metadata.namespace"].into_iter().chain(def.field_labels.iter().copied()).collect();
+        return Err(ApiError::bad_request(format!(
+            "field label not supported: {key} ({} field selectors may name {})",
+            def.kind,
+            supported.join(", ")
+        )));
+    }
     let shape = match (&name, sub) {
         (None, _) => Shape::Collection,
         (Some(_), None) => Shape::Object,

@@ -52,8 +52,21 @@ pub async fn get(c: Call<'_>, r: Resource) -> Answer {
 pub async fn create(mut c: Call<'_>, r: Resource) -> Answer {
     let body = c.body().await?;
     let obj = parse_body(&c, &body)?;
+    if let Some(review) = r.def.review {
+        return answer_review(r.def, review, obj);
+    }
     let created = c.st.objects.create(r.def, r.ns.as_deref(), obj, r.opts.dry_run).await?;
     Ok(json_response(StatusCode::CREATED, &created))
+}
+
+/// An access review: answered, not stored (201, as kube-apiserver).
+fn answer_review(def: &crate::registry::ResourceDef, review: &crate::kinds::review::Review, mut obj: Value) -> Answer {
+    crate::objects::check_type(def, &mut obj)?;
+    if let Some(m) = obj.as_object_mut() {
+        m.insert("metadata".into(), json!({"creationTimestamp": null}));
+    }
+    let answered = (review.answer)(obj).map_err(|causes| ApiError::invalid(def.group, def.kind, "", &causes))?;
+    Ok(json_response(StatusCode::CREATED, &answered))
 }
 
 /// `PUT` of an object or its status.

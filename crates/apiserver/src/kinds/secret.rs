@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 
 use api::validation::{Cause, CauseType};
 
-use crate::protobuf::wire::{self, Fields, WireError};
+use crate::protobuf::message::{f, ptr, Message, Ty, BYTES_MAP, OBJECT_META, STR_MAP};
 use crate::registry::Strategy;
 
 /// The type a Secret without one gets.
@@ -30,10 +30,10 @@ pub const DEFAULT_TYPE: &str = "Opaque";
 /// Largest total of keys and decoded values (kube-apiserver's `MaxSecretSize`).
 pub const MAX_SECRET_SIZE: usize = 1024 * 1024;
 /// Longest key (`validation.IsConfigMapKey`).
-pub const MAX_KEY_LEN: usize = 253;
+pub const MAX_KEY_LEN: usize = super::MAX_KEY_LEN;
 
 /// The Secret strategy.
-pub static STRATEGY: Strategy = Strategy { normalize, validate_update, schema, from_protobuf: Some(from_protobuf) };
+pub static STRATEGY: Strategy = Strategy { normalize, validate_update, schema, from_protobuf: Some(&PROTOBUF) };
 
 /// Defaults `type` and folds `stringData` into `data`; returns what is malformed in
 /// `stringData` (then nothing is folded).
@@ -101,7 +101,7 @@ pub fn validate(obj: &Value) -> Vec<Cause> {
     };
     let mut total = 0usize;
     for (k, v) in data {
-        causes.extend(key_causes(k));
+        causes.extend(super::config_key_causes("data", k));
         let field = format!("data[{k}]");
         match v {
             Value::String(s) => match base64::engine::general_purpose::STANDARD.decode(s) {
@@ -125,27 +125,6 @@ pub fn validate(obj: &Value) -> Vec<Cause> {
     }
     causes.extend(type_causes(obj, ty, data));
     causes
-}
-
-/// `validation.IsConfigMapKey`.
-fn key_causes(key: &str) -> Vec<Cause> {
-    let field = format!("data[{key}]");
-    if key.len() > MAX_KEY_LEN {
-        return vec![Cause::new(CauseType::TooLong, field, format!("key is {} characters long; at most {MAX_KEY_LEN}", key.len()))];
-    }
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if key.is_empty() || !key.chars().all(allowed) {
-        return vec![Cause::new(
-            CauseType::Invalid,
-            field,
-            "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name', or 'KEY_NAME', \
-             or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')",
-        )];
-    }
-    if key == "." || key == ".." {
-        return vec![Cause::new(CauseType::Invalid, field, format!("must not be '{key}'"))];
-    }
-    Vec::new()
 }
 
 /// The keys (or annotation) a built-in type requires.
@@ -209,42 +188,19 @@ pub fn validate_update(old: &Value, new: &Value) -> Vec<Cause> {
     causes
 }
 
-/// A Secret from protobuf (`k8s.io/api/core/v1` `Secret`: metadata 1, data 2, type 3,
-/// stringData 4, immutable 5), as kubectl 1.32 and later send `kubectl create secret`.
-///
-/// # Errors
-/// [`WireError`] for malformed input.
-pub fn from_protobuf(raw: &[u8]) -> Result<Value, WireError> {
-    let mut obj = Map::new();
-    let (mut data, mut string_data) = (Map::new(), Map::new());
-    for f in Fields::new(raw) {
-        let (n, v) = f?;
-        let bytes = || v.bytes().map_err(|_| WireError::Type(n));
-        match n {
-            1 => {
-                obj.insert("metadata".into(), crate::protobuf::meta::object_meta(bytes()?)?);
-            }
-            2 => wire::bytes_entry(bytes()?, &mut data)?,
-            3 => {
-                let ty = v.string().map_err(|_| WireError::Type(n))?;
-                if !ty.is_empty() {
-                    obj.insert("type".into(), json!(ty));
-                }
-            }
-            4 => wire::string_entry(bytes()?, &mut string_data)?,
-            5 => {
-                obj.insert("immutable".into(), json!(v.varint().map_err(|_| WireError::Type(n))? != 0));
-            }
-            _ => {}
-        }
-    }
-    for (name, map) in [("data", data), ("stringData", string_data)] {
-        if !map.is_empty() {
-            obj.insert(name.into(), Value::Object(map));
-        }
-    }
-    Ok(Value::Object(obj))
-}
+/// A Secret in protobuf (`k8s.io/api/core/v1` `Secret`), as kubectl 1.32 and later send
+/// `kubectl create secret`.
+pub static PROTOBUF: Message = Message {
+    name: "Secret",
+    fields: &[
+        f(1, "metadata", Ty::Msg(&OBJECT_META)),
+        f(2, "data", BYTES_MAP),
+        f(3, "type", Ty::Str),
+        f(4, "stringData", STR_MAP),
+        ptr(5, "immutable", Ty::Bool),
+    ],
+    skip: &[],
+};
 
 /// The OpenAPI v3 schema (`io.k8s.api.core.v1.Secret`, the fields kubectl and clients use).
 #[must_use]
@@ -308,10 +264,10 @@ mod tests {
         let meta =
             [ld(1, b"creds"), ld(2, b""), ld(3, b""), ld(6, b""), ld(8, b""), ld(11, &[ld(1, b"app"), ld(2, b"x")].concat())].concat();
         let raw = [ld(1, &meta), ld(2, &[ld(1, b"a"), ld(2, b"\x00\xffb")].concat()), ld(3, b""), vec![(5 << 3), 1]].concat();
-        let obj = from_protobuf(&raw).unwrap_or_default();
+        let obj = crate::protobuf::message::decode(&PROTOBUF, &raw).unwrap_or_default();
         assert_eq!(obj, json!({"metadata": {"name": "creds", "labels": {"app": "x"}}, "data": {"a": "AP9i"}, "immutable": true}));
-        assert!(from_protobuf(&[ld(1, b"\x0a\x05ab")].concat()).is_err(), "truncated metadata");
-        assert!(from_protobuf(&[ld(3, &[0xff, 0xfe])].concat()).is_err(), "a type that is not UTF-8");
+        assert!(crate::protobuf::message::decode(&PROTOBUF, &[ld(1, b"\x0a\x05ab")].concat()).is_err(), "truncated metadata");
+        assert!(crate::protobuf::message::decode(&PROTOBUF, &[ld(3, &[0xff, 0xfe])].concat()).is_err(), "a type that is not UTF-8");
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub(super) fn check_metadata(def: &ResourceDef, name: &str, obj: &Value, prev: O
 }
 
 /// Sets or checks `apiVersion` and `kind` of a body for `def`.
-pub(super) fn check_type(def: &ResourceDef, obj: &mut Value) -> Result<(), ApiError> {
+pub fn check_type(def: &ResourceDef, obj: &mut Value) -> Result<(), ApiError> {
     let Some(map) = obj.as_object_mut() else {
         return Err(ApiError::bad_request(format!("the body must be a JSON or YAML object of kind {}", def.kind)));
     };
