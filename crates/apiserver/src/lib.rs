@@ -31,6 +31,7 @@ pub mod labels;
 pub mod limits;
 pub mod list;
 pub mod metrics;
+pub mod negotiate;
 pub mod objects;
 pub mod openapi;
 pub mod patch;

@@ -1,6 +1,6 @@
 //! Applying PATCH bodies: RFC 6902 JSON patch, RFC 7396 merge patch, and strategic merge patch
-//! for the core types (served as a merge patch without its list-merge directives, which the
-//! fields of PVCs, Events and Namespaces do not need).
+//! for the core types ([`strategic`]: lists merged by their Kubernetes merge keys, with the
+//! directives).
 //!
 //! # Flow
 //! [`Patch::parse`] reads the body once (400 when it is not a patch of its kind, 413 for more
@@ -17,6 +17,8 @@
 //! - A merge patch nests no deeper than the deeper of the object and the patch.
 //! - Nothing panics: operations run one by one on the copy, without json-patch's undo log
 //!   (whose replay can panic on a `move` to the root).
+
+pub mod strategic;
 
 use serde_json::Value;
 
@@ -51,8 +53,10 @@ impl PatchKind {
 pub enum Patch {
     /// RFC 6902 operations.
     Json(Vec<json_patch::PatchOperation>),
-    /// An RFC 7396 merge patch (strategic directives already dropped).
+    /// An RFC 7396 merge patch.
     Merge(Value),
+    /// A strategic merge patch, applied by the kind of the object it patches.
+    Strategic(Value),
 }
 
 impl Patch {
@@ -75,15 +79,12 @@ impl Patch {
                 Ok(Patch::Json(ops.0))
             }
             PatchKind::Merge | PatchKind::Strategic => {
-                let mut patch: Value = serde_json::from_slice(body)
+                let patch: Value = serde_json::from_slice(body)
                     .map_err(|e| ApiError::bad_request(format!("the merge patch is not a JSON object: {e}")))?;
                 if !patch.is_object() {
                     return Err(ApiError::bad_request("the merge patch must be a JSON object"));
                 }
-                if kind == PatchKind::Strategic {
-                    strip_directives(&mut patch);
-                }
-                Ok(Patch::Merge(patch))
+                Ok(if kind == PatchKind::Strategic { Patch::Strategic(patch) } else { Patch::Merge(patch) })
             }
             PatchKind::Apply => Err(ApiError::unsupported_media(
                 "server-side apply is not supported by virtplug's API server; use kubectl apply without --server-side \
@@ -96,7 +97,7 @@ impl Patch {
     #[must_use]
     pub fn carries_rv(&self) -> bool {
         match self {
-            Patch::Merge(p) => p.pointer("/metadata/resourceVersion").is_some_and(Value::is_string),
+            Patch::Merge(p) | Patch::Strategic(p) => p.pointer("/metadata/resourceVersion").is_some_and(Value::is_string),
             Patch::Json(ops) => ops.iter().any(|op| {
                 use json_patch::PatchOperation as O;
                 matches!(op, O::Test(_) | O::Replace(_) | O::Add(_)) && op.path().as_str() == "/metadata/resourceVersion"
@@ -113,6 +114,10 @@ impl Patch {
         let mut doc = current.clone();
         match self {
             Patch::Merge(p) => json_patch::merge(&mut doc, p),
+            Patch::Strategic(p) => {
+                let kind = current.get("kind").and_then(Value::as_str).unwrap_or_default();
+                doc = strategic::apply(kind, std::mem::take(&mut doc), p);
+            }
             Patch::Json(ops) => {
                 let mut budget = Budget { copied: 0, work: 0 };
                 for (i, op) in ops.iter().enumerate() {
@@ -195,17 +200,6 @@ fn depth_of(v: &Value) -> usize {
 /// Those of both.
 pub fn apply(kind: PatchKind, current: &Value, body: &[u8]) -> Result<Value, ApiError> {
     Patch::parse(kind, body)?.apply(current)
-}
-
-/// Drops strategic-merge directives (`$patch`, `$retainKeys`, `$setElementOrder/...`,
-/// `$deleteFromPrimitiveList/...`) so the rest applies as a merge patch.
-fn strip_directives(v: &mut Value) {
-    if let Value::Object(map) = v {
-        map.retain(|k, _| !k.starts_with('$'));
-        for child in map.values_mut() {
-            strip_directives(child);
-        }
-    }
 }
 
 #[cfg(test)]

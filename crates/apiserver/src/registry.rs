@@ -305,6 +305,16 @@ pub static RESOURCES: &[ResourceDef] = &[
         ..CORE
     },
     ResourceDef {
+        group: "events.k8s.io",
+        plural: "events",
+        singular: "event",
+        kind: "Event",
+        short_names: &["ev"],
+        validate: Some(crate::kinds::event::validate_v1),
+        field_labels: crate::kinds::event::V1_FIELD_LABELS,
+        ..CORE
+    },
+    ResourceDef {
         group: "authorization.k8s.io",
         plural: "selfsubjectaccessreviews",
         singular: "selfsubjectaccessreview",

@@ -35,7 +35,7 @@ use crate::call::Call;
 use crate::query;
 use crate::status::ApiError;
 use crate::target::{self, Resource, Shape};
-use crate::{discovery, subresources, verbs};
+use crate::{discovery, negotiate, subresources, verbs};
 
 /// What an async handler returns.
 pub type Reply<'a> = Pin<Box<dyn Future<Output = Result<Response, ApiError>> + Send + 'a>>;
@@ -124,8 +124,21 @@ pub fn method_label(m: &Method) -> &'static str {
 pub async fn dispatch(State(st): State<Arc<ApiState>>, req: Request) -> Response {
     let method = method_label(req.method());
     let span = tracing::info_span!("request", method, route = Empty, resource = Empty, namespace = Empty, object = Empty);
-    let resp = match route(&st, req).instrument(span.clone()).await {
-        Ok(r) => r,
+    // Objects and discovery are negotiated; OpenAPI, metrics and health keep their own types.
+    let path = req.uri().path();
+    let media = if path == "/api" || path.starts_with("/api/") || path == "/apis" || path.starts_with("/apis/") {
+        let accept = req.headers().get(http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+        negotiate::choose(accept)
+    } else {
+        Ok(negotiate::Media::Json)
+    };
+    let answered = match media {
+        Ok(media) => route(&st, req).instrument(span.clone()).await.map(|r| (r, media)),
+        Err(e) => Err(e),
+    };
+    let resp = match answered {
+        Ok((r, negotiate::Media::Json)) => r,
+        Ok((r, negotiate::Media::Yaml)) => as_yaml(r).await,
         Err(e) => {
             if e.code >= 500 {
                 span.in_scope(|| tracing::warn!(code = e.code, reason = e.reason, "{}", e.message));
@@ -139,6 +152,31 @@ pub async fn dispatch(State(st): State<Arc<ApiState>>, req: Request) -> Response
         .get_or_create(&crate::metrics::RequestLabels { method: method.to_owned(), code: resp.status().as_u16().to_string() })
         .inc();
     resp
+}
+
+/// A JSON answer rewritten as YAML; a watch stream (or anything not JSON) is left as it is.
+async fn as_yaml(resp: Response) -> Response {
+    let is_json = resp.headers().get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes() == b"application/json");
+    let streaming = resp.headers().get(http::header::CACHE_CONTROL).is_some();
+    if !is_json || streaming {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let yaml = axum::body::to_bytes(body, usize::MAX).await.ok().and_then(|b| {
+        if b.is_empty() {
+            Some(String::new())
+        } else {
+            serde_json::from_slice::<serde_json::Value>(&b).ok().and_then(|v| serde_yaml::to_string(&v).ok())
+        }
+    });
+    match yaml {
+        Some(y) => {
+            parts.headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/yaml"));
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            Response::from_parts(parts, axum::body::Body::from(y))
+        }
+        None => ApiError::internal("the answer could not be written as YAML; ask for application/json").into_response(),
+    }
 }
 
 /// Finds the request's row in [`ROUTES`] and runs its handler.

@@ -102,6 +102,11 @@ impl ApiError {
         Self::new(422, "Invalid", message)
     }
 
+    /// 406 NotAcceptable.
+    pub fn not_acceptable(message: impl Into<String>) -> Self {
+        Self::new(406, "NotAcceptable", message)
+    }
+
     /// 415 UnsupportedMediaType.
     pub fn unsupported_media(message: impl Into<String>) -> Self {
         Self::new(415, "UnsupportedMediaType", message)

@@ -136,6 +136,9 @@ fn columns(kind: &str) -> Vec<Column> {
                 c("Last Seen", "string", |v, now| {
                     let t = v
                         .get("lastTimestamp")
+                        .filter(|t| !t.is_null())
+                        .or_else(|| v.pointer("/series/lastObservedTime"))
+                        .or_else(|| v.get("deprecatedLastTimestamp").filter(|t| !t.is_null()))
                         .or_else(|| v.get("eventTime"))
                         .and_then(Value::as_str)
                         .and_then(|t| t.parse::<jiff::Timestamp>().ok());
@@ -144,12 +147,15 @@ fn columns(kind: &str) -> Vec<Column> {
             );
             cols.push(c("Type", "string", |v, _| s(v, "/type")));
             cols.push(c("Reason", "string", |v, _| s(v, "/reason")));
+            // core/v1 names the object `involvedObject` and the text `message`;
+            // events.k8s.io/v1 `regarding` and `note`.
             cols.push(c("Object", "string", |v, _| {
-                let kind = v.pointer("/involvedObject/kind").and_then(Value::as_str).unwrap_or("").to_lowercase();
-                let name = v.pointer("/involvedObject/name").and_then(Value::as_str).unwrap_or("");
+                let object = v.get("involvedObject").or_else(|| v.get("regarding")).unwrap_or(&Value::Null);
+                let kind = object.get("kind").and_then(Value::as_str).unwrap_or("").to_lowercase();
+                let name = object.get("name").and_then(Value::as_str).unwrap_or("");
                 json!(format!("{kind}/{name}"))
             }));
-            cols.push(c("Message", "string", |v, _| s(v, "/message")));
+            cols.push(c("Message", "string", |v, _| if v.get("message").is_some() { s(v, "/message") } else { s(v, "/note") }));
         }
         "ConfigMap" => {
             cols.push(c("Data", "string", |v, _| {
