@@ -175,7 +175,7 @@ fn merge_list(kind: &str, path: &str, rule: ListMerge, current: Value, patch: &[
 }
 
 /// Orders `list` as `order` names its items; the items it does not name keep their order after.
-fn reorder(list: &mut Vec<Value>, order: &[Value], rule: Option<ListMerge>) {
+fn reorder(list: &mut [Value], order: &[Value], rule: Option<ListMerge>) {
     let id = |v: &Value| -> Value {
         match rule {
             Some(ListMerge::Key(k)) => v.get(k).cloned().unwrap_or(Value::Null),
