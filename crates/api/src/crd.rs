@@ -1,27 +1,46 @@
 //! CRD manifests generated from the types, for cluster mode (`deploy/crds.yaml`).
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
 use kube::CustomResourceExt;
 
 use crate::{DataVolume, VirtualMachine, VirtualMachineInstance};
 
 /// The CRDs of every custom resource virtplug serves, with the status subresource and printer
-/// columns. Every schema level keeps unknown fields, as virtplug's types do.
+/// columns. Every object level of the schemas keeps unknown fields, as virtplug's types do: a
+/// KubeVirt manifest with fields virtplug does not model is stored whole, here and on a
+/// Kubernetes API server.
 #[must_use]
 pub fn all() -> Vec<CustomResourceDefinition> {
     let mut crds = vec![VirtualMachine::crd(), VirtualMachineInstance::crd(), DataVolume::crd()];
     for crd in &mut crds {
         for version in &mut crd.spec.versions {
             if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
-                for part in ["spec", "status"] {
-                    if let Some(p) = schema.properties.as_mut().and_then(|p| p.get_mut(part)) {
-                        p.x_kubernetes_preserve_unknown_fields = Some(true);
-                    }
+                for p in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
+                    keep_unknown(p);
                 }
             }
         }
     }
     crds
+}
+
+/// Marks every object level of `schema` with `x-kubernetes-preserve-unknown-fields`.
+fn keep_unknown(schema: &mut JSONSchemaProps) {
+    let is_object = schema.type_.as_deref() == Some("object") || schema.properties.is_some();
+    if is_object && schema.x_kubernetes_preserve_unknown_fields.is_none() {
+        schema.x_kubernetes_preserve_unknown_fields = Some(true);
+    }
+    for p in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
+        keep_unknown(p);
+    }
+    if let Some(JSONSchemaPropsOrArray::Schema(items)) = schema.items.as_mut() {
+        keep_unknown(items);
+    }
+    if let Some(JSONSchemaPropsOrBool::Schema(extra)) = schema.additional_properties.as_mut() {
+        keep_unknown(extra);
+    }
 }
 
 #[cfg(test)]

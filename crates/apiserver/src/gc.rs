@@ -31,7 +31,7 @@ use tokio::sync::broadcast;
 
 use crate::objects::{DeleteOptions, Objects, Part};
 use crate::patch::PatchKind;
-use crate::registry::{self, RESOURCES};
+use crate::registry;
 use crate::store::EventType;
 
 fn uid(o: &Value) -> Option<&str> {
@@ -120,7 +120,7 @@ impl Item {
         let mut parts = self.key.splitn(4, '/').skip(1);
         let group = parts.next()?;
         let plural = parts.next()?;
-        RESOURCES.iter().find(|r| r.group == group && r.plural == plural)
+        registry::all().into_iter().find(|r| r.group == group && r.plural == plural)
     }
     fn ns(&self) -> Option<&str> {
         self.obj.pointer("/metadata/namespace").and_then(Value::as_str)

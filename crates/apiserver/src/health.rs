@@ -36,6 +36,8 @@ use tokio::task::JoinHandle;
 pub const STORE_WRITER: &str = "store-writer";
 /// The garbage collector task, likewise.
 pub const GARBAGE_COLLECTOR: &str = "garbage-collector";
+/// The task that serves stored CustomResourceDefinitions ([`crate::crd::run`]).
+pub const CRD_ESTABLISHER: &str = "crd-establisher";
 
 /// Why a component died.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -22,6 +22,7 @@
 
 pub mod body;
 pub mod call;
+pub mod crd;
 pub mod discovery;
 pub mod fuzzing;
 pub mod gc;
@@ -188,12 +189,21 @@ impl Server {
                 }
             }
         }
+        crd::ensure_builtin(&objects).await;
         if let Some(scdef) = registry::find("storage.k8s.io", "v1", "storageclasses") {
             if objects.store.get(&scdef.key(None, kinds::storageclass::LOCAL)).is_none() {
                 if let Err(e) = objects.create(scdef, None, kinds::storageclass::local(), false).await {
                     tracing::warn!("creating the default StorageClass failed: {}", e.message);
                 }
             }
+        }
+        {
+            let crd_objects = objects.clone();
+            health.register(health::CRD_ESTABLISHER);
+            health.spawn(health::CRD_ESTABLISHER, async move {
+                crd::run(crd_objects).instrument(tracing::info_span!("crd_establisher")).await;
+                Ok::<(), std::convert::Infallible>(())
+            });
         }
         let gc_objects = objects.clone();
         let event_ttl = config.event_ttl;

@@ -83,6 +83,9 @@ fn not_an_object(def: &ResourceDef, name: &str, stored: &Value) -> Result<(), Ap
 
 /// The kind's [`registry::Strategy::normalize`] on a body about to be validated and stored.
 fn normalize(def: &ResourceDef, name: &str, obj: &mut Value) -> Result<(), ApiError> {
+    if let Some(crd) = def.crd {
+        crate::crd::schema::prune_and_default(&crd.schema, obj);
+    }
     let causes = def.strategy.map(|s| (s.normalize)(obj)).unwrap_or_default();
     if causes.is_empty() {
         Ok(())
@@ -251,6 +254,12 @@ impl Objects {
     }
 
     fn validate(&self, def: &ResourceDef, name: &str, obj: &Value) -> Result<(), ApiError> {
+        if let Some(crd) = def.crd {
+            let causes = crate::crd::schema::validate(&crd.schema, obj);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(def.group, def.kind, name, &causes));
+            }
+        }
         if let Some(validate) = def.validate {
             let mut causes = validate(obj);
             if !self.enforce_invariants && def.kind == "VirtualMachine" {
@@ -446,6 +455,11 @@ impl Objects {
     /// # Errors
     /// 404; 409 when a precondition fails; 403 for the `default` namespace.
     pub async fn delete(&self, def: &ResourceDef, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> Result<Value, ApiError> {
+        if def.kind == "CustomResourceDefinition" && crate::crd::is_builtin(name) {
+            return Err(ApiError::forbidden(format!(
+                "customresourcedefinitions.apiextensions.k8s.io \"{name}\" is forbidden: it is virtplug's own; deleting it would delete every object of it"
+            )));
+        }
         if def.kind == "Namespace" && matches!(name, "default" | "kube-system" | "kube-public") {
             return Err(ApiError::forbidden(format!("namespaces \"{name}\" is forbidden: this namespace may not be deleted")));
         }

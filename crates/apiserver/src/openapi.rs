@@ -7,11 +7,9 @@
 //! merge and JSON patch media types only, which is how
 //! kubectl decides to send a merge patch for custom resources.
 
-use std::sync::OnceLock;
-
 use serde_json::{json, Map, Value};
 
-use crate::registry::{ResourceDef, RESOURCES};
+use crate::registry::{self, ResourceDef};
 
 fn gv_path(r: &ResourceDef) -> String {
     if r.group.is_empty() {
@@ -45,24 +43,8 @@ fn preserve_unknown(v: &mut Value) {
     }
 }
 
-fn crd_schemas() -> &'static Map<String, Value> {
-    static S: OnceLock<Map<String, Value>> = OnceLock::new();
-    S.get_or_init(|| {
-        let mut out = Map::new();
-        for crd in api::crd::all() {
-            let kind = crd.spec.names.kind.clone();
-            if let Some(schema) = crd.spec.versions.first().and_then(|v| v.schema.as_ref()).and_then(|s| s.open_api_v3_schema.as_ref()) {
-                let mut v = serde_json::to_value(schema).unwrap_or(Value::Null);
-                preserve_unknown(&mut v);
-                out.insert(kind, v);
-            }
-        }
-        out
-    })
-}
-
 fn schema_for(r: &ResourceDef) -> Value {
-    let known = crd_schemas().get(r.kind).cloned().or_else(|| r.strategy.map(|s| (s.schema)()));
+    let known = r.crd.map(|c| c.schema.clone()).or_else(|| r.strategy.map(|s| (s.schema)()));
     let mut s = known.unwrap_or_else(|| {
         json!({"type": "object", "description": format!("{} (core/v1); fields as in Kubernetes.", r.kind),
                "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
@@ -106,7 +88,7 @@ fn operation(r: &ResourceDef, verb: &str, patch: bool) -> Value {
 #[must_use]
 pub fn v3_index() -> Value {
     let mut paths = Map::new();
-    for r in RESOURCES {
+    for r in registry::all() {
         let p = gv_path(r);
         paths.entry(p.clone()).or_insert_with(
             || json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", env!("CARGO_PKG_VERSION").replace('.', ""))}),
@@ -118,7 +100,7 @@ pub fn v3_index() -> Value {
 /// The OpenAPI v3 document of one group-version (`apis/kubevirt.io/v1`, `api/v1`).
 #[must_use]
 pub fn v3_group(gv: &str) -> Option<Value> {
-    let members: Vec<&ResourceDef> = RESOURCES.iter().filter(|r| gv_path(r) == gv).collect();
+    let members: Vec<&ResourceDef> = registry::all().into_iter().filter(|r| gv_path(r) == gv).collect();
     if members.is_empty() {
         return None;
     }

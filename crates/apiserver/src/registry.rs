@@ -50,6 +50,9 @@ pub struct ResourceDef {
     pub field_labels: &'static [&'static str],
     /// A review (`SelfSubjectAccessReview`, ...): only `create`, which answers and stores nothing.
     pub review: Option<&'static crate::kinds::review::Review>,
+    /// Served from a CustomResourceDefinition: its schema, printer columns and scale
+    /// subresource ([`crate::crd`]).
+    pub crd: Option<&'static crate::crd::Served>,
 }
 
 /// The rule an object's name follows (kube-apiserver's `ValidateObjectMeta` name function).
@@ -150,41 +153,12 @@ const CORE: ResourceDef = ResourceDef {
     names: NameRule::Subdomain,
     field_labels: &[],
     review: None,
+    crd: None,
 };
 
-/// A KubeVirt or CDI custom resource.
-const CUSTOM: ResourceDef = ResourceDef { categories: &["all"], status: true, custom: true, ..CORE };
-
-/// Every resource served.
+/// The built-in resources. Custom resources (KubeVirt's and CDI's among them) are served from
+/// their CustomResourceDefinitions ([`crate::crd`]); [`all`] lists both.
 pub static RESOURCES: &[ResourceDef] = &[
-    ResourceDef {
-        group: "kubevirt.io",
-        plural: "virtualmachines",
-        singular: "virtualmachine",
-        kind: "VirtualMachine",
-        short_names: &["vm", "vms"],
-        validate: Some(api::validation::validate_vm),
-        ..CUSTOM
-    },
-    ResourceDef {
-        group: "kubevirt.io",
-        plural: "virtualmachineinstances",
-        singular: "virtualmachineinstance",
-        kind: "VirtualMachineInstance",
-        short_names: &["vmi", "vmis"],
-        validate: Some(api::validation::validate_vmi),
-        ..CUSTOM
-    },
-    ResourceDef {
-        group: "cdi.kubevirt.io",
-        version: "v1beta1",
-        plural: "datavolumes",
-        singular: "datavolume",
-        kind: "DataVolume",
-        short_names: &["dv", "dvs"],
-        validate: Some(api::validation::validate_data_volume),
-        ..CUSTOM
-    },
     ResourceDef {
         plural: "persistentvolumeclaims",
         singular: "persistentvolumeclaim",
@@ -315,6 +289,19 @@ pub static RESOURCES: &[ResourceDef] = &[
         ..CORE
     },
     ResourceDef {
+        group: "apiextensions.k8s.io",
+        plural: "customresourcedefinitions",
+        singular: "customresourcedefinition",
+        kind: "CustomResourceDefinition",
+        namespaced: false,
+        short_names: &["crd", "crds"],
+        categories: &["api-extensions"],
+        status: true,
+        validate: Some(crate::crd::validate),
+        strategy: Some(&crate::crd::STRATEGY),
+        ..CORE
+    },
+    ResourceDef {
         group: "authorization.k8s.io",
         plural: "selfsubjectaccessreviews",
         singular: "selfsubjectaccessreview",
@@ -364,16 +351,45 @@ pub static RESOURCES: &[ResourceDef] = &[
     },
 ];
 
+/// The resources served from CustomResourceDefinitions, by CRD name.
+static CUSTOM: std::sync::RwLock<Vec<(String, Vec<&'static ResourceDef>)>> = std::sync::RwLock::new(Vec::new());
+
+/// Every resource served now: the built-in ones, then those of the CRDs (virtplug's own are
+/// registered on first use, so they are there before any store is opened).
+#[must_use]
+pub fn all() -> Vec<&'static ResourceDef> {
+    crate::crd::register_builtin();
+    let mut out: Vec<&'static ResourceDef> = RESOURCES.iter().collect();
+    // A poisoned lock only means a panic elsewhere while it was held; the list is still whole.
+    let custom = CUSTOM.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    out.extend(custom.iter().flat_map(|(_, defs)| defs.iter().copied()));
+    out
+}
+
+/// Serves `defs` (the served versions of CRD `name`) instead of what the CRD served before.
+pub fn register(name: &str, defs: Vec<&'static ResourceDef>) {
+    let mut custom = CUSTOM.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match custom.iter_mut().find(|(n, _)| n == name) {
+        Some((_, d)) => *d = defs,
+        None => custom.push((name.to_owned(), defs)),
+    }
+}
+
+/// Stops serving the resources of CRD `name`.
+pub fn unregister(name: &str) {
+    CUSTOM.write().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|(n, _)| n != name);
+}
+
 /// Finds a resource by group, version and plural.
 #[must_use]
 pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
-    RESOURCES.iter().find(|r| r.group == group && r.version == version && r.plural == plural)
+    all().into_iter().find(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
-/// Finds a resource by kind.
+/// Finds a resource by kind (the first served version of a custom resource).
 #[must_use]
 pub fn by_kind(group: &str, kind: &str) -> Option<&'static ResourceDef> {
-    RESOURCES.iter().find(|r| r.group == group && r.kind == kind)
+    all().into_iter().find(|r| r.group == group && r.kind == kind)
 }
 
 /// `/api`
@@ -385,7 +401,7 @@ pub fn core_versions() -> Value {
 /// The groups with their versions, the first served version of each preferred.
 fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
     let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
-    for r in RESOURCES.iter().filter(|r| !r.group.is_empty()) {
+    for r in all().into_iter().filter(|r| !r.group.is_empty()) {
         match out.iter_mut().find(|(g, _)| *g == r.group) {
             Some((_, versions)) if !versions.contains(&r.version) => versions.push(r.version),
             Some(_) => {}
@@ -424,7 +440,7 @@ pub fn api_group(group: &str) -> Option<Value> {
 #[must_use]
 pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     let mut resources = Vec::new();
-    for r in RESOURCES.iter().filter(|r| r.group == group && r.version == version) {
+    for r in all().into_iter().filter(|r| r.group == group && r.version == version) {
         let mut main = json!({
             "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
             "verbs": r.verbs(),

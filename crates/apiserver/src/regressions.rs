@@ -11,7 +11,7 @@ use crate::registry::{self, ResourceDef};
 use crate::store::{Op, Store, StoreConfig};
 
 fn def(group: &str, plural: &str) -> &'static ResourceDef {
-    let version = if group.is_empty() { "v1" } else { registry::RESOURCES.iter().find(|d| d.group == group).map_or("v1", |d| d.version) };
+    let version = if group.is_empty() { "v1" } else { registry::all().into_iter().find(|d| d.group == group).map_or("v1", |d| d.version) };
     registry::find(group, version, plural).unwrap_or_else(|| panic!("{plural} is served"))
 }
 

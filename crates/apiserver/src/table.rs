@@ -29,13 +29,6 @@ fn age(v: &Value, now: i64) -> Value {
     }
 }
 
-fn ready_condition(v: &Value) -> Value {
-    v.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-        .map_or(json!("False"), |c| c["status"].clone())
-}
-
 /// Kubernetes' `duration.HumanDuration`, short form.
 #[must_use]
 pub fn human_duration(secs: i64) -> String {
@@ -82,24 +75,6 @@ fn columns(kind: &str) -> Vec<Column> {
     let c = |name, ty, cell| Column { name, ty, cell };
     let mut cols = vec![c("Name", "string", name as fn(&Value, i64) -> Value)];
     match kind {
-        "VirtualMachine" => {
-            cols.push(c("Age", "date", age));
-            cols.push(c("Status", "string", |v, _| s(v, "/status/printableStatus")));
-            cols.push(c("Ready", "string", |v, _| ready_condition(v)));
-        }
-        "VirtualMachineInstance" => {
-            cols.push(c("Age", "date", age));
-            cols.push(c("Phase", "string", |v, _| s(v, "/status/phase")));
-            cols.push(c("IP", "string", |v, _| s(v, "/status/interfaces/0/ipAddress")));
-            cols.push(c("NodeName", "string", |v, _| s(v, "/status/nodeName")));
-            cols.push(c("Ready", "string", |v, _| ready_condition(v)));
-        }
-        "DataVolume" => {
-            cols.push(c("Phase", "string", |v, _| s(v, "/status/phase")));
-            cols.push(c("Progress", "string", |v, _| s(v, "/status/progress")));
-            cols.push(c("Restarts", "integer", |v, _| v.pointer("/status/restartCount").cloned().unwrap_or(json!(0))));
-            cols.push(c("Age", "date", age));
-        }
         "PersistentVolumeClaim" => {
             cols.push(c("Status", "string", |v, _| s(v, "/status/phase")));
             cols.push(c("Volume", "string", |v, _| v.pointer("/spec/volumeName").cloned().unwrap_or(json!(""))));
@@ -280,6 +255,9 @@ fn access_modes(v: &Value, ptr: &str) -> Value {
 #[must_use]
 pub fn table(def: &ResourceDef, items: &[&Value], list_meta: &Value, include_object: &str) -> Value {
     let now = jiff::Timestamp::now().as_second();
+    if let Some(crd) = def.crd {
+        return crd_table(&crd.columns, items, list_meta, include_object, now);
+    }
     let cols = columns(def.kind);
     let defs: Vec<Value> = cols
         .iter()
@@ -295,15 +273,41 @@ pub fn table(def: &ResourceDef, items: &[&Value], list_meta: &Value, include_obj
         .iter()
         .map(|obj| {
             let cells: Vec<Value> = cols.iter().map(|c| (c.cell)(obj, now)).collect();
-            let object = match include_object {
-                "None" => Value::Null,
-                "Object" => (*obj).clone(),
-                _ => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"].clone()}),
-            };
-            json!({"cells": cells, "object": object})
+            json!({"cells": cells, "object": row_object(obj, include_object)})
         })
         .collect();
     json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta, "columnDefinitions": defs, "rows": rows})
+}
+
+/// A custom resource's Table: `Name`, then its printer columns (`Age` when it has none), as
+/// kube-apiserver builds it from `additionalPrinterColumns`.
+fn crd_table(cols: &[crate::crd::columns::Column], items: &[&Value], list_meta: &Value, include_object: &str, now: i64) -> Value {
+    let age = crate::crd::columns::from_crd(Some(&json!([{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}])));
+    let cols = if cols.is_empty() { age.as_slice() } else { cols };
+    let mut defs = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
+    ];
+    defs.extend(
+        cols.iter()
+            .map(|c| json!({"name": c.name, "type": c.ty, "format": c.format, "description": c.description, "priority": c.priority})),
+    );
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|obj| {
+            let mut cells = vec![s(obj, "/metadata/name")];
+            cells.extend(cols.iter().map(|c| c.cell(obj, now)));
+            json!({"cells": cells, "object": row_object(obj, include_object)})
+        })
+        .collect();
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta, "columnDefinitions": defs, "rows": rows})
+}
+
+fn row_object(obj: &Value, include_object: &str) -> Value {
+    match include_object {
+        "None" => Value::Null,
+        "Object" => obj.clone(),
+        _ => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"].clone()}),
+    }
 }
 
 #[cfg(test)]

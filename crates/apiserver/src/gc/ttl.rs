@@ -21,7 +21,7 @@ use jiff::Timestamp;
 use serde_json::Value;
 
 use crate::objects::{DeleteOptions, Objects};
-use crate::registry::RESOURCES;
+use crate::registry;
 
 /// How far in the future an Event's time may be and still count.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(300);
@@ -49,7 +49,7 @@ pub fn last_seen(event: &Value, now: Timestamp) -> Option<Timestamp> {
 pub async fn expire(objects: &Objects, ttl: Duration) -> usize {
     let now = Timestamp::now();
     let mut deleted = 0;
-    for def in RESOURCES.iter().filter(|d| d.kind == "Event") {
+    for def in registry::all().into_iter().filter(|d| d.kind == "Event") {
         let (_, items) = objects.store.list(&def.prefix(None), None);
         for (_, stored) in items {
             let Some(seen) = last_seen(&stored.object, now) else { continue };
