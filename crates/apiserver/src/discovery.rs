@@ -69,14 +69,18 @@ pub fn group_resources(c: &Call<'_>) -> Answer {
         .ok_or_else(ApiError::no_resource)
 }
 
-/// The media type of the gnostic protobuf form of `/openapi/v2` (client-go's `openAPIV2mimePb`).
-pub const OPENAPI_V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+/// The media type of the gnostic protobuf form of `/openapi/v2`, as kube-openapi answers it:
+/// client-go asks for `...spec.v2@v1.0+protobuf`, but Go's `mime.ParseMediaType` refuses the `@`
+/// in a response's `Content-Type` (kubectl fails with "mime: unexpected content after media
+/// subtype").
+pub const OPENAPI_V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
 
 /// A cached document, or 304 when the client has it (`If-None-Match`).
 fn served(c: &Call<'_>, doc: &openapi::Served, content_type: &'static str, cache_control: &'static str) -> Response {
     let etag = doc.etag.as_str();
     let matches = c.header(header::IF_NONE_MATCH).split(',').any(|t| t.trim() == etag || t.trim() == "*");
-    let headers = [(header::ETAG, etag.to_owned()), (header::CACHE_CONTROL, cache_control.to_owned())];
+    let headers =
+        [(header::ETAG, etag.to_owned()), (header::CACHE_CONTROL, cache_control.to_owned()), (header::VARY, "Accept".to_owned())];
     if matches {
         return (StatusCode::NOT_MODIFIED, headers).into_response();
     }
