@@ -79,8 +79,7 @@ pub const OPENAPI_V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec
 fn served(c: &Call<'_>, doc: &openapi::Served, content_type: &'static str, cache_control: &'static str) -> Response {
     let etag = doc.etag.as_str();
     let matches = c.header(header::IF_NONE_MATCH).split(',').any(|t| t.trim() == etag || t.trim() == "*");
-    let headers =
-        [(header::ETAG, etag.to_owned()), (header::CACHE_CONTROL, cache_control.to_owned()), (header::VARY, "Accept".to_owned())];
+    let headers = [(header::ETAG, etag.to_owned()), (header::CACHE_CONTROL, cache_control.to_owned()), (header::VARY, "Accept".to_owned())];
     if matches {
         return (StatusCode::NOT_MODIFIED, headers).into_response();
     }

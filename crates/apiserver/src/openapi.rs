@@ -1,8 +1,10 @@
-//! The OpenAPI documents: v3 per group-version (`/openapi/v3/...`, what kubectl ≥ 1.27 explains
-//! and checks field-validation support with) and Swagger 2.0 (`/openapi/v2`, which every
-//! kubectl parses for `explain`, `apply` and `--validate`, and kubectl 1.27 and 1.28 explain
-//! with when it does not find v3 paths... and always parse first), both rendered from one set of
-//! schemas.
+//! The OpenAPI documents, both rendered from one set of schemas:
+//! - v3 per group-version (`/openapi/v3/...`): what kubectl ≥ 1.27 explains from, checks
+//!   `fieldValidation` support in, and looks for strategic merge patch in;
+//! - Swagger 2.0 (`/openapi/v2`, gnostic protobuf for client-go, JSON for anyone else): what
+//!   every kubectl parses before `explain`, `apply` and `--validate` (a document kube-openapi
+//!   cannot parse fails them all), what `explain --output=plaintext-openapiv2` and servers
+//!   without v3 explain from, and where kubectl ≤ 1.28 takes PATCH media types from.
 //!
 //! # Flow
 //! [`documents`] builds everything once, on first use (the server starts it in the background
@@ -138,7 +140,7 @@ fn core_schemas() -> &'static core::CoreSchemas {
 #[must_use]
 pub fn core_schema(group: &str, version: &str, kind: &str) -> Option<Value> {
     let s = core_schemas();
-    s.root(group, version, kind).and_then(|name| core_definition(name))
+    s.root(group, version, kind).and_then(core_definition)
 }
 
 /// One definition of the core kinds' schemas (`io.k8s.api.core.v1.PodSpec`), rendered for v3.
@@ -232,9 +234,9 @@ pub fn build() -> Documents {
     let mut v3 = BTreeMap::new();
     for r in RESOURCES {
         let gv = gv_path(r);
-        if !v3.contains_key(&gv) {
-            if let Some(doc) = v3_group(&cat, &gv) {
-                v3.insert(gv, Served::json(&doc));
+        if let std::collections::btree_map::Entry::Vacant(slot) = v3.entry(gv) {
+            if let Some(doc) = v3_group(&cat, slot.key()) {
+                slot.insert(Served::json(&doc));
             }
         }
     }

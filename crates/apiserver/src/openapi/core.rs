@@ -112,7 +112,8 @@ fn kubernetes_form(definitions: &mut Map<String, Value>) {
         }
         // k8s-openapi requires `metadata` of every object (its Rust field is not optional);
         // Kubernetes does not, and `kubectl explain` would mark it required.
-        let is_object = def.get("properties").and_then(Value::as_object).is_some_and(|p| p.contains_key("apiVersion") && p.contains_key("kind"));
+        let is_object =
+            def.get("properties").and_then(Value::as_object).is_some_and(|p| p.contains_key("apiVersion") && p.contains_key("kind"));
         if is_object {
             if let Some(Value::Array(required)) = def.get_mut("required") {
                 required.retain(|f| f != "metadata");

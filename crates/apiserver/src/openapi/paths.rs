@@ -165,7 +165,8 @@ pub fn v3_path_item(r: &ResourceDef, root: &str, p: &PathOps) -> Value {
 pub fn v2_path_item(r: &ResourceDef, root: &str, p: &PathOps) -> Value {
     let mut item = Map::new();
     for o in &p.operations {
-        let mut params: Vec<Value> = p.params.iter().map(|n| json!({"name": n, "in": "path", "required": true, "type": "string"})).collect();
+        let mut params: Vec<Value> =
+            p.params.iter().map(|n| json!({"name": n, "in": "path", "required": true, "type": "string"})).collect();
         params.extend(o.query.iter().map(|(n, t)| json!({"name": n, "in": "query", "type": t})));
         if o.body != Payload::None {
             params.push(json!({"name": "body", "in": "body", "required": true, "schema": payload_schema(o.body, DEFINITIONS, root)}));

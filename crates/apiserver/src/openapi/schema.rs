@@ -178,7 +178,10 @@ mod tests {
             json!({"properties": {"metadata": {"allOf": [{"$ref": "#/components/schemas/M"}], "description": "meta"},
                                   "x": {"$ref": "#/components/schemas/X"}}})
         );
-        assert_eq!(to_v2(&s), json!({"properties": {"metadata": {"$ref": "#/definitions/M", "description": "meta"}, "x": {"$ref": "#/definitions/X"}}}));
+        assert_eq!(
+            to_v2(&s),
+            json!({"properties": {"metadata": {"$ref": "#/definitions/M", "description": "meta"}, "x": {"$ref": "#/definitions/X"}}})
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::*;
 use crate::protobuf::wire::{self, Fields};
 
 /// The definitions of a document: v2's `definitions`, v3's `components.schemas`.
-fn defs<'a>(doc: &'a Value) -> &'a Map<String, Value> {
+fn defs(doc: &Value) -> &Map<String, Value> {
     doc.get("definitions").or_else(|| doc.pointer("/components/schemas")).and_then(Value::as_object).expect("a document with definitions")
 }
 
@@ -65,7 +65,10 @@ fn v2_and_v3_carry_the_same_schema_for_every_resource() {
         assert!(in_v2.len() > 4, "{}: {in_v2:?}", r.kind);
         assert_eq!(in_v2, in_v3, "{}", r.kind);
         for doc in [&v2, &v3] {
-            assert_eq!(defs(doc)[root]["x-kubernetes-group-version-kind"], json!([{"group": r.group, "version": r.version, "kind": r.kind}]));
+            assert_eq!(
+                defs(doc)[root]["x-kubernetes-group-version-kind"],
+                json!([{"group": r.group, "version": r.version, "kind": r.kind}])
+            );
         }
     }
 }
@@ -76,14 +79,21 @@ fn core_kinds_have_their_full_kubernetes_schemas() {
     let v2 = v2(&cat);
     let mut f = BTreeMap::new();
     fields(defs(&v2), &defs(&v2)["io.k8s.api.core.v1.PersistentVolumeClaim"], "pvc", 4, &mut f);
-    assert!(f["pvc.spec.storageClassName"].1.contains("name of the StorageClass required by the claim"), "{:?}", f["pvc.spec.storageClassName"]);
+    assert!(
+        f["pvc.spec.storageClassName"].1.contains("name of the StorageClass required by the claim"),
+        "{:?}",
+        f["pvc.spec.storageClassName"]
+    );
     assert_eq!(f["pvc.spec.accessModes"].0, "array");
     assert_eq!(f["pvc.metadata.name"].0, "string");
     let conditions = &defs(&v2)["io.k8s.api.core.v1.PersistentVolumeClaimStatus"]["properties"]["conditions"];
     assert_eq!(conditions["x-kubernetes-patch-merge-key"], "type");
     assert_eq!(conditions["x-kubernetes-list-type"], "map");
     let secret = core_schema("", "v1", "Secret").expect("Secret is a core kind");
-    assert_eq!(secret["properties"]["metadata"]["allOf"][0]["$ref"], "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta");
+    assert_eq!(
+        secret["properties"]["metadata"]["allOf"][0]["$ref"],
+        "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+    );
     assert!(core_schema("", "v1", "Pod").is_some() && core_schema("coordination.k8s.io", "v1", "Lease").is_some());
     assert!(core_schema("kubevirt.io", "v1", "VirtualMachine").is_none());
 }
@@ -94,7 +104,8 @@ fn custom_resources_keep_unknown_fields_in_both_renderings() {
     let v2 = v2(&cat);
     let v3 = v3_group(&cat, "apis/kubevirt.io/v1").expect("kubevirt.io/v1 is served");
     for doc in [&v2, &v3] {
-        let domain = defs(doc)["io.kubevirt.v1.VirtualMachine"].pointer("/properties/spec/properties/template/properties/spec/properties/domain");
+        let domain =
+            defs(doc)["io.kubevirt.v1.VirtualMachine"].pointer("/properties/spec/properties/template/properties/spec/properties/domain");
         assert_eq!(domain.and_then(|d| d.get("x-kubernetes-preserve-unknown-fields")), Some(&json!(true)));
     }
 }
@@ -193,7 +204,10 @@ fn the_v2_protobuf_decodes_as_kube_openapi_parses_it() {
     let ext = named(&decode(vm), 31);
     let (_, gvk) = ext.iter().find(|(n, _)| n == "x-kubernetes-group-version-kind").expect("a gvk extension");
     let yaml = decode(gvk).into_iter().find(|(f, _)| *f == 2).map(|(_, v)| string(v)).unwrap_or_default();
-    assert_eq!(serde_json::from_str::<Value>(&yaml).ok(), Some(json!([{"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachine"}])));
+    assert_eq!(
+        serde_json::from_str::<Value>(&yaml).ok(),
+        Some(json!([{"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachine"}]))
+    );
     // PATCH of a VM: consumes (7) and the fieldValidation query parameter (8 -> 1 -> 2 -> 3 -> name 4).
     let paths = decode(sub(&doc, 8)[0]);
     let (_, item) = named(&paths, 2)
