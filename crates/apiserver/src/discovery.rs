@@ -69,25 +69,43 @@ pub fn group_resources(c: &Call<'_>) -> Answer {
         .ok_or_else(ApiError::no_resource)
 }
 
-/// `GET /openapi/v2`, as protobuf when the client accepts it (kubectl does).
-pub fn openapi_v2(c: &Call<'_>) -> Answer {
-    if c.header(header::ACCEPT).contains("protobuf") {
-        return Ok((
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")],
-            openapi::v2_protobuf(),
-        )
-            .into_response());
+/// The media type of the gnostic protobuf form of `/openapi/v2`, as kube-openapi answers it:
+/// client-go asks for `...spec.v2@v1.0+protobuf`, but Go's `mime.ParseMediaType` refuses the `@`
+/// in a response's `Content-Type` (kubectl fails with "mime: unexpected content after media
+/// subtype").
+pub const OPENAPI_V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// A cached document, or 304 when the client has it (`If-None-Match`).
+fn served(c: &Call<'_>, doc: &openapi::Served, content_type: &'static str, cache_control: &'static str) -> Response {
+    let etag = doc.etag.as_str();
+    let matches = c.header(header::IF_NONE_MATCH).split(',').any(|t| t.trim() == etag || t.trim() == "*");
+    let headers = [(header::ETAG, etag.to_owned()), (header::CACHE_CONTROL, cache_control.to_owned()), (header::VARY, "Accept".to_owned())];
+    if matches {
+        return (StatusCode::NOT_MODIFIED, headers).into_response();
     }
-    Ok(json_response(StatusCode::OK, &openapi::v2()))
+    (StatusCode::OK, [(header::CONTENT_TYPE, content_type.to_owned())], headers, doc.body.clone()).into_response()
+}
+
+/// `GET /openapi/v2`: gnostic protobuf when the client accepts protobuf (kubectl, through
+/// client-go, asks for nothing else), JSON otherwise.
+pub fn openapi_v2(c: &Call<'_>) -> Answer {
+    let docs = openapi::documents();
+    if c.header(header::ACCEPT).contains("protobuf") {
+        return Ok(served(c, &docs.v2_protobuf, OPENAPI_V2_PROTOBUF, "no-cache, private"));
+    }
+    Ok(served(c, &docs.v2_json, "application/json", "no-cache, private"))
 }
 
 /// `GET /openapi/v3`.
-pub fn openapi_v3(_: &Call<'_>) -> Answer {
-    Ok(json_response(StatusCode::OK, &openapi::v3_index()))
+pub fn openapi_v3(c: &Call<'_>) -> Answer {
+    Ok(served(c, &openapi::documents().v3_index, "application/json", "no-cache, private"))
 }
 
-/// `GET /openapi/v3/{group-version path}`.
+/// `GET /openapi/v3/{group-version path}`: with the `?hash=` the index gives, the document
+/// never changes under that URL (`immutable`), as kube-apiserver answers.
 pub fn openapi_v3_group(c: &Call<'_>) -> Answer {
-    openapi::v3_group(c.capture("path")).map(|v| json_response(StatusCode::OK, &v)).ok_or_else(ApiError::no_resource)
+    let docs = openapi::documents();
+    let doc = docs.v3.get(c.capture("path")).ok_or_else(ApiError::no_resource)?;
+    let current = c.query.get("hash").is_some_and(|h| doc.etag.trim_matches('"') == h);
+    Ok(served(c, doc, "application/json", if current { "public, immutable" } else { "no-cache, private" }))
 }

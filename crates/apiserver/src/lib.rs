@@ -165,6 +165,8 @@ impl Server {
         let (data_dir, store_config) = (config.data_dir.clone(), config.store.clone());
         let (store, credentials) =
             tokio::task::spawn_blocking(move || open_data_dir(&data_dir, &store_config, listen)).await.map_err(ServerError::Open)??;
+        // The OpenAPI documents take a moment to build: start now, not at kubectl's first request.
+        openapi::warm();
         let health = health::Health::new();
         health.register(STORE_WRITER);
         {

@@ -366,18 +366,44 @@ pub fn all() -> Vec<&'static ResourceDef> {
     out
 }
 
+/// Counts the changes of [`CUSTOM`]: documents built from the registry (OpenAPI) are rebuilt
+/// when it moves.
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The registry's generation: it changes whenever a CRD's resources are registered anew or
+/// removed.
+#[must_use]
+pub fn generation() -> u64 {
+    GENERATION.load(std::sync::atomic::Ordering::Acquire)
+}
+
 /// Serves `defs` (the served versions of CRD `name`) instead of what the CRD served before.
 pub fn register(name: &str, defs: Vec<&'static ResourceDef>) {
     let mut custom = CUSTOM.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-    match custom.iter_mut().find(|(n, _)| n == name) {
-        Some((_, d)) => *d = defs,
-        None => custom.push((name.to_owned(), defs)),
+    let changed = match custom.iter_mut().find(|(n, _)| n == name) {
+        Some((_, d)) if d.len() == defs.len() && d.iter().zip(&defs).all(|(a, b)| std::ptr::eq(*a, *b)) => false,
+        Some((_, d)) => {
+            *d = defs;
+            true
+        }
+        None => {
+            custom.push((name.to_owned(), defs));
+            true
+        }
+    };
+    if changed {
+        GENERATION.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
 /// Stops serving the resources of CRD `name`.
 pub fn unregister(name: &str) {
-    CUSTOM.write().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|(n, _)| n != name);
+    let mut custom = CUSTOM.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let before = custom.len();
+    custom.retain(|(n, _)| n != name);
+    if custom.len() != before {
+        GENERATION.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// Finds a resource by group, version and plural.

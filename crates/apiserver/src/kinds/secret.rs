@@ -202,24 +202,10 @@ pub static PROTOBUF: Message = Message {
     skip: &[],
 };
 
-/// The OpenAPI v3 schema (`io.k8s.api.core.v1.Secret`, the fields kubectl and clients use).
+/// The OpenAPI v3 schema (`io.k8s.api.core.v1.Secret`, k8s-openapi's, see [`crate::openapi::core`]).
 #[must_use]
 pub fn schema() -> Value {
-    json!({
-        "type": "object",
-        "description": "Secret holds secret data of a certain type. The total bytes of the values in the Data field must be less than MaxSecretSize bytes.",
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
-            "type": {"type": "string", "description": "Used to facilitate programmatic handling of secret data (default Opaque)."},
-            "data": {"type": "object", "additionalProperties": {"type": "string", "format": "byte"},
-                     "description": "Data contains the secret data. Each key must consist of alphanumeric characters, '-', '_' or '.'. The serialized form of the secret data is a base64 encoded string."},
-            "stringData": {"type": "object", "additionalProperties": {"type": "string"},
-                           "description": "stringData allows specifying non-binary secret data in string form. It is provided as a write-only input field for convenience. All keys and values are merged into the data field on write, overwriting any existing values. The stringData field is never output when reading from the API."},
-            "immutable": {"type": "boolean", "description": "Immutable, if set to true, ensures that data stored in the Secret cannot be updated (only object metadata can be modified)."},
-        },
-    })
+    crate::openapi::core_schema("", "v1", "Secret").unwrap_or_else(|| json!({"type": "object"}))
 }
 
 #[cfg(test)]
