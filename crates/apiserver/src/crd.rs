@@ -415,6 +415,16 @@ async fn terminate(objects: &Objects, def: &ResourceDef, name: &str, crd: &Value
     }
 }
 
+/// Registers every stored CRD and writes its status (the server does this before it serves,
+/// so a client never sees a stored CRD that is not served yet).
+pub async fn reconcile_all(objects: &Objects) {
+    let Some(def) = crd_def() else { return };
+    let prefix = def.prefix(None);
+    for (key, _) in objects.store.list(&prefix, None).1 {
+        reconcile(objects, key.trim_start_matches(&prefix)).await;
+    }
+}
+
 /// The establishing task: registers every stored CRD, then follows the store. A CRD event
 /// reconciles that CRD; a deletion of an object of a terminating CRD reconciles the CRD again.
 pub async fn run(objects: Objects) {
@@ -427,16 +437,12 @@ pub async fn run(objects: Objects) {
             return;
         }
     };
-    for (key, _) in objects.store.list(&prefix, None).1 {
-        reconcile(&objects, key.trim_start_matches(&prefix)).await;
-    }
+    reconcile_all(&objects).await;
     loop {
         let ev = match rx.recv().await {
             Ok(ev) => ev,
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                for (key, _) in objects.store.list(&prefix, None).1 {
-                    reconcile(&objects, key.trim_start_matches(&prefix)).await;
-                }
+                reconcile_all(&objects).await;
                 continue;
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,

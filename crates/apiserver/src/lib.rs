@@ -192,6 +192,7 @@ impl Server {
             }
         }
         crd::ensure_builtin(&objects).await;
+        crd::reconcile_all(&objects).await;
         if let Some(scdef) = registry::find("storage.k8s.io", "v1", "storageclasses") {
             if objects.store.get(&scdef.key(None, kinds::storageclass::LOCAL)).is_none() {
                 if let Err(e) = objects.create(scdef, None, kinds::storageclass::local(), false).await {
