@@ -382,9 +382,17 @@ async fn a_claim_naming_an_unknown_class_stays_pending_until_the_class_exists() 
     assert!(pvc.metadata.finalizers.is_none(), "not taken by the provisioner");
     assert!(e.pvs.list(&Default::default()).await.unwrap().items.is_empty(), "no PV");
     assert!(e.entries().is_empty(), "no data");
+    let classes: Api<StorageClass> = Api::all(e.s.client.clone());
+
+    // The class name of earlier versions needs no class object (claims made by them go on).
+    let mut legacy = claim("legacy", "16Mi", "Filesystem");
+    legacy.spec.as_mut().unwrap().storage_class_name = Some("virtplug-local".into());
+    e.pvcs.create(&PostParams::default(), &legacy).await.unwrap();
+    let pv = e.pv_in(&pv_name(&e.bound("legacy").await), "Bound").await;
+    assert_eq!(pv.spec.unwrap().storage_class_name.as_deref(), Some("virtplug-local"));
+    assert!(classes.get_opt("virtplug-local").await.unwrap().is_none());
 
     // The class's creation wakes the claim (no retry timer): it is served now.
-    let classes: Api<StorageClass> = Api::all(e.s.client.clone());
     classes.create(&PostParams::default(), &class("fast", "virtplug.io/local", "Delete")).await.unwrap();
     let pvc = e.bound("later").await;
     e.pv_in(&pv_name(&pvc), "Bound").await;

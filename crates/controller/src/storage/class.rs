@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn a_claim_without_class_takes_the_newest_default_or_is_served_as_before_without_one() {
         let local = sc("local", PROVISIONER, "Delete", true, "2024-01-01T00:00:00Z");
-        assert_eq!(decide(None, &[local.clone()]), serve(Some("local"), ReclaimPolicy::Delete, true));
+        assert_eq!(decide(None, std::slice::from_ref(&local)), serve(Some("local"), ReclaimPolicy::Delete, true));
         // No StorageClass at all (an older API server): the old behaviour.
         assert_eq!(decide(None, &[]), serve(None, ReclaimPolicy::Delete, false));
         // A newer default of another provisioner makes the claim someone else's.

@@ -269,11 +269,20 @@ impl Claim<'_> {
 
     /// A live claim: class, finalizer, backing, PV, then bound.
     async fn provision(&self) -> Result<(), ProvisionError> {
+        let pv_name = volume::name_for(&self.uid);
+        let volume_name = self.pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+        // Bound to its PV before (by this version, or one without PV objects).
+        let bound_before = volume_name == Some(pv_name.as_str());
+        // A claim taken before stays this provisioner's whatever its class became since (the
+        // default moved, the class was deleted): binding does not depend on the class.
+        let taken = bound_before && self.pvc.finalizers().iter().any(|f| f == FINALIZER);
         let decision = class::resolve(&self.ctx.client, self.pvc)
             .await
             .map_err(|e| ProvisionError::Api { claim: self.object.clone(), source: Box::new(e) })?;
         let (class, reclaim, assign) = match decision {
             Decision::Serve { class, reclaim, assign } => (class, reclaim, assign),
+            // Only reached without a PV (an existing one is kept as it is): as earlier versions.
+            _ if taken => (self.pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()), ReclaimPolicy::Delete, false),
             Decision::Other => return Ok(()),
             Decision::Missing(name) => {
                 // As the PV controller says it; the class's creation wakes the claim.
@@ -285,19 +294,14 @@ impl Claim<'_> {
                 return Ok(());
             }
         };
-        let pv_name = volume::name_for(&self.uid);
-        let bound_before = match self.pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
-            None => false,
-            Some(v) if v == pv_name => true,
-            Some(other) => {
-                let msg = format!(
-                    "spec.volumeName names {other}: binding a claim to a PersistentVolume made by hand is not supported by the \
-                     local provisioner; remove spec.volumeName (recreate the claim) to have a volume provisioned"
-                );
-                self.warn("ProvisioningFailed", &msg).await;
-                return Ok(());
-            }
-        };
+        if let Some(other) = volume_name.filter(|_| !bound_before) {
+            let msg = format!(
+                "spec.volumeName names {other}: binding a claim to a PersistentVolume made by hand is not supported by the \
+                 local provisioner; remove spec.volumeName (recreate the claim) to have a volume provisioned"
+            );
+            self.warn("ProvisioningFailed", &msg).await;
+            return Ok(());
+        }
         let size = match requested_bytes(self.pvc) {
             Ok(size) => size,
             Err(message) => {

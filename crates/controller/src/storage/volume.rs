@@ -276,12 +276,14 @@ async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Ctx>) -> Result<Action, P
     let Some(claim_ref) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else { return Ok(Action::await_change()) };
     let (ns, name) = (claim_ref.namespace.clone().unwrap_or_default(), claim_ref.name.clone().unwrap_or_default());
     let claim = format!("{ns}/{name}");
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-    let live = pvcs
-        .get_opt(&name)
-        .await
-        .map_err(|e| ProvisionError::VolumeApi { volume: pv.name_any(), source: Box::new(e) })?
-        .is_some_and(|c| c.uid().as_deref() == Some(uid.as_str()));
+    // A claimRef without a name names no claim (this provisioner always writes both).
+    let live = !ns.is_empty()
+        && !name.is_empty()
+        && Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&name)
+            .await
+            .map_err(|e| ProvisionError::VolumeApi { volume: pv.name_any(), source: Box::new(e) })?
+            .is_some_and(|c| c.uid().as_deref() == Some(uid.as_str()));
     if live {
         return Ok(Action::await_change());
     }
@@ -296,7 +298,12 @@ fn error_policy(pv: Arc<PersistentVolume>, err: &ProvisionError, ctx: Arc<Ctx>) 
     tracing::warn!(volume = %pv.name_any(), "{}", client::error_chain(err));
     let client = ctx.client.clone();
     let msg = client::error_chain(err);
-    tokio::spawn(async move { events::publish(&client, COMPONENT, pv.as_ref(), EventType::Warning, "VolumeFailedDelete", &msg).await });
+    // Kubernetes' reasons: the deleter's failure, or (Retain) the release's.
+    let reason = match reclaim_of(&pv) {
+        ReclaimPolicy::Delete => "VolumeFailedDelete",
+        ReclaimPolicy::Retain => "VolumeFailedRelease",
+    };
+    tokio::spawn(async move { events::publish(&client, COMPONENT, pv.as_ref(), EventType::Warning, reason, &msg).await });
     Action::requeue(Duration::from_secs(5))
 }
 
