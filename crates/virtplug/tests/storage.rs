@@ -1,6 +1,8 @@
 //! Local storage against the real embedded API server and controller: Filesystem and Block
 //! claims (real sparse files, real loop devices) provisioned and released with nothing leaked,
-//! release held while a VMI uses the claim, and DataVolume import from a loopback HTTP server
+//! release held while a VMI uses the claim, their PersistentVolumes (binding, reclaim policies,
+//! the upgrade from versions without PVs, PVs orphaned while the controller was down, classes
+//! that do not exist, real `kubectl get pv`), and DataVolume import from a loopback HTTP server
 //! (progress, success, and each failure with its reason).
 
 #![allow(clippy::unwrap_used)]
@@ -11,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::TestServer;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,12 +29,15 @@ struct Env {
     root: tempfile::TempDir,
     pvcs: Api<PersistentVolumeClaim>,
     dvs: Api<DataVolume>,
-    ctl: tokio::task::JoinHandle<()>,
+    pvs: Api<PersistentVolume>,
+    ctl: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
-        self.ctl.abort();
+        if let Some(ctl) = &self.ctl {
+            ctl.abort();
+        }
         // Whatever a failed test left attached under our root is detached here, by backing file.
         for (dev, _) in controller::storage::loopdev::under(self.root.path()) {
             let _ = controller::storage::loopdev::detach(&dev);
@@ -40,22 +46,19 @@ impl Drop for Env {
 }
 
 async fn env() -> Env {
+    let mut e = env_stopped().await;
+    e.start();
+    e
+}
+
+/// An API server and storage root with no controller running yet.
+async fn env_stopped() -> Env {
     let s = TestServer::start().await;
     let root = tempfile::tempdir().unwrap();
-    let import = controller::storage::import::ImportConfig {
-        max_retries: 1,
-        backoff_base: Duration::from_millis(50),
-        backoff_cap: Duration::from_millis(200),
-        progress_interval: Duration::from_millis(20),
-        // The test's image server is on loopback, which imports refuse unless allowed.
-        allow_hosts: vec!["127.0.0.1".parse().unwrap()],
-        ..Default::default()
-    };
-    let config = controller::run::Config { storage_root: Some(root.path().to_owned()), import, ..Default::default() };
-    let ctl = tokio::spawn(controller::run::run_with(client::in_process(s.server.local_router()), config));
     let pvcs = Api::namespaced(s.client.clone(), "default");
     let dvs = Api::namespaced(s.client.clone(), "default");
-    Env { s, root, pvcs, dvs, ctl }
+    let pvs = Api::all(s.client.clone());
+    Env { s, root, pvcs, dvs, pvs, ctl: None }
 }
 
 fn claim(name: &str, size: &str, mode: &str) -> PersistentVolumeClaim {
@@ -65,6 +68,28 @@ fn claim(name: &str, size: &str, mode: &str) -> PersistentVolumeClaim {
 }
 
 impl Env {
+    fn start(&mut self) {
+        let import = controller::storage::import::ImportConfig {
+            max_retries: 1,
+            backoff_base: Duration::from_millis(50),
+            backoff_cap: Duration::from_millis(200),
+            progress_interval: Duration::from_millis(20),
+            // The test's image server is on loopback, which imports refuse unless allowed.
+            allow_hosts: vec!["127.0.0.1".parse().unwrap()],
+            ..Default::default()
+        };
+        let config = controller::run::Config { storage_root: Some(self.root.path().to_owned()), import, ..Default::default() };
+        self.ctl = Some(tokio::spawn(controller::run::run_with(client::in_process(self.s.server.local_router()), config)));
+    }
+
+    /// Stops the controller (and with it the provisioner) and waits until it has stopped.
+    async fn stop(&mut self) {
+        if let Some(ctl) = self.ctl.take() {
+            ctl.abort();
+            assert!(ctl.await.unwrap_err().is_cancelled());
+        }
+    }
+
     async fn bound(&self, name: &str) -> PersistentVolumeClaim {
         let pvcs = self.pvcs.clone();
         common::wait_until(T, &format!("claim {name} to be Bound"), || {
@@ -85,6 +110,25 @@ impl Env {
 
     fn entries(&self) -> Vec<PathBuf> {
         std::fs::read_dir(self.root.path()).unwrap().map(|e| e.unwrap().path()).collect()
+    }
+
+    /// Waits for PersistentVolume `name` in `phase`.
+    async fn pv_in(&self, name: &str, phase: &str) -> PersistentVolume {
+        let pvs = self.pvs.clone();
+        common::wait_until(T, &format!("PersistentVolume {name} to be {phase}"), || {
+            let pvs = pvs.clone();
+            async move { pvs.get(name).await.ok().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase)) }
+        })
+        .await
+    }
+
+    async fn pv_gone(&self, name: &str) {
+        let pvs = self.pvs.clone();
+        common::wait_until(T, &format!("PersistentVolume {name} to be deleted"), || {
+            let pvs = pvs.clone();
+            async move { matches!(pvs.get_opt(name).await, Ok(None)).then_some(()) }
+        })
+        .await;
     }
 
     async fn dv_phase(&self, name: &str, phase: &str) -> DataVolume {
@@ -158,6 +202,200 @@ async fn a_block_claim_is_a_loop_device_released_only_when_no_vmi_uses_it() {
     e.gone("blk").await;
     assert!(controller::storage::loopdev::under(e.root.path()).is_empty(), "no leaked loop device");
     assert!(e.entries().is_empty(), "nothing left under the storage root: {:?}", e.entries());
+}
+
+/// The PV of a claim, named as `spec.volumeName` names it.
+fn pv_name(pvc: &PersistentVolumeClaim) -> String {
+    format!("pvc-{}", pvc.metadata.uid.as_deref().unwrap())
+}
+
+fn class(name: &str, provisioner: &str, reclaim: &str) -> StorageClass {
+    serde_json::from_value(json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
+        "provisioner": provisioner, "reclaimPolicy": reclaim}))
+    .unwrap()
+}
+
+/// `kubectl get pv NAME --no-headers`, split into its columns.
+fn kubectl_pv(kubeconfig: &Path, name: &str) -> Vec<String> {
+    let out = std::process::Command::new("kubectl")
+        .args(["get", "pv", name, "--no-headers"])
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("kubectl runs");
+    assert!(out.status.success(), "kubectl get pv: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_owned).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_gets_a_bound_pv_of_its_size_modes_class_and_policy_which_goes_with_it() {
+    let e = env().await;
+    let mut c = claim("fs", "64Mi", "Filesystem");
+    c.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteOnce".into(), "ReadOnlyMany".into()]);
+    e.pvcs.create(&PostParams::default(), &c).await.unwrap();
+    let pvc = e.bound("fs").await;
+    let name = pv_name(&pvc);
+    assert_eq!(pvc.spec.as_ref().unwrap().volume_name.as_deref(), Some(name.as_str()));
+    // The default class was written onto the claim (it had none), as Kubernetes does.
+    assert_eq!(pvc.spec.as_ref().unwrap().storage_class_name.as_deref(), Some("local"));
+    let ann = pvc.metadata.annotations.clone().unwrap();
+    assert_eq!(ann["pv.kubernetes.io/bind-completed"], "yes");
+    assert_eq!(ann["pv.kubernetes.io/bound-by-controller"], "yes");
+    assert_eq!(ann["volume.kubernetes.io/storage-provisioner"], "virtplug.io/local");
+
+    // The claim is Bound only after its PV is: the PV is Bound when we see the claim Bound.
+    let pv = e.pvs.get(&name).await.unwrap();
+    let spec = pv.spec.clone().unwrap();
+    assert_eq!(pv.status.as_ref().unwrap().phase.as_deref(), Some("Bound"));
+    assert_eq!(spec.capacity.unwrap()["storage"].0, "64Mi");
+    assert_eq!(spec.access_modes.unwrap(), ["ReadWriteOnce", "ReadOnlyMany"]);
+    assert_eq!(spec.volume_mode.as_deref(), Some("Filesystem"));
+    assert_eq!(spec.storage_class_name.as_deref(), Some("local"));
+    assert_eq!(spec.persistent_volume_reclaim_policy.as_deref(), Some("Delete"));
+    let claim_ref = spec.claim_ref.unwrap();
+    assert_eq!(
+        (claim_ref.kind.as_deref(), claim_ref.namespace.as_deref(), claim_ref.name.as_deref(), claim_ref.uid.as_deref()),
+        (Some("PersistentVolumeClaim"), Some("default"), Some("fs"), pvc.metadata.uid.as_deref())
+    );
+    let dir = PathBuf::from(&ann["virtplug.io/local-path"]);
+    assert_eq!(spec.host_path.unwrap().path, dir.to_string_lossy());
+    assert_eq!(pv.annotations()["pv.kubernetes.io/provisioned-by"], "virtplug.io/local");
+    assert_eq!(pv.finalizers(), ["kubernetes.io/pv-protection"]);
+    // What people see: NAME CAPACITY ACCESS-MODES RECLAIM-POLICY STATUS CLAIM STORAGECLASS ...
+    let cols = kubectl_pv(&e.s.kubeconfig, &name);
+    assert_eq!(cols[..7], [name.as_str(), "64Mi", "RWO,ROX", "Delete", "Bound", "default/fs", "local"], "{cols:?}");
+
+    // Reclaim policy Delete: the claim takes its PV and its data with it.
+    e.pvcs.delete("fs", &DeleteParams::default()).await.unwrap();
+    e.gone("fs").await;
+    assert!(!dir.exists(), "the data is gone once the claim is");
+    e.pv_gone(&name).await;
+    assert!(e.entries().is_empty(), "nothing left under the storage root: {:?}", e.entries());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retain_class_keeps_the_data_and_marks_the_pv_released() {
+    let e = env().await;
+    let classes: Api<StorageClass> = Api::all(e.s.client.clone());
+    classes.create(&PostParams::default(), &class("keep", "virtplug.io/local", "Retain")).await.unwrap();
+    let mut c = claim("kept", "16Mi", "Filesystem");
+    c.spec.as_mut().unwrap().storage_class_name = Some("keep".into());
+    e.pvcs.create(&PostParams::default(), &c).await.unwrap();
+    let pvc = e.bound("kept").await;
+    let name = pv_name(&pvc);
+    let pv = e.pvs.get(&name).await.unwrap();
+    assert_eq!(pv.spec.as_ref().unwrap().persistent_volume_reclaim_policy.as_deref(), Some("Retain"));
+    assert_eq!(pv.spec.as_ref().unwrap().storage_class_name.as_deref(), Some("keep"));
+    let img = Path::new(&pvc.metadata.annotations.unwrap()["virtplug.io/local-path"]).join("disk.img");
+    std::fs::write(&img, b"precious").unwrap();
+
+    e.pvcs.delete("kept", &DeleteParams::default()).await.unwrap();
+    e.gone("kept").await;
+    let released = e.pv_in(&name, "Released").await;
+    assert_eq!(released.spec.unwrap().claim_ref.unwrap().name.as_deref(), Some("kept"), "a Released PV keeps its claimRef");
+    assert_eq!(&std::fs::read(&img).unwrap()[..8], b"precious", "the data stays");
+    assert_eq!(kubectl_pv(&e.s.kubeconfig, &name)[3..5], ["Retain", "Released"]);
+
+    // Deleting the Released PV is let through by pv-protection; the data still stays.
+    e.pvs.delete(&name, &DeleteParams::default()).await.unwrap();
+    e.pv_gone(&name).await;
+    assert_eq!(&std::fs::read(&img).unwrap()[..8], b"precious", "Retain: the data outlives the PV");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_bound_by_a_version_without_pvs_gets_its_pv_without_being_provisioned_again() {
+    let mut e = env_stopped().await;
+    // What an earlier version left: a Bound claim with its data, finalizer and annotations,
+    // `spec.volumeName` set and no PV.
+    e.pvcs.create(&PostParams::default(), &claim("old", "16Mi", "Filesystem")).await.unwrap();
+    let uid = e.pvcs.get("old").await.unwrap().metadata.uid.unwrap();
+    let dir = e.root.path().join(&uid);
+    std::fs::create_dir(&dir).unwrap();
+    let img = dir.join("disk.img");
+    let f = std::fs::File::create(&img).unwrap();
+    f.set_len(16 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_at(&f, b"old data", 4096).unwrap();
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&img).unwrap());
+    let old = json!({"metadata": {"finalizers": ["virtplug.io/local-storage"],
+                                  "annotations": {"virtplug.io/local-path": dir.to_string_lossy(), "pv.kubernetes.io/bind-completed": "yes"}},
+                     "spec": {"volumeName": format!("pvc-{uid}")}});
+    e.pvcs.patch("old", &PatchParams::default(), &Patch::Merge(&old)).await.unwrap();
+    let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}}});
+    e.pvcs.patch_status("old", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+
+    e.start();
+    let pv = e.pv_in(&format!("pvc-{uid}"), "Bound").await;
+    let spec = pv.spec.unwrap();
+    assert_eq!(spec.claim_ref.unwrap().uid.as_deref(), Some(uid.as_str()));
+    assert_eq!(spec.capacity.unwrap()["storage"].0, "16Mi");
+    assert_eq!(spec.host_path.unwrap().path, dir.to_string_lossy());
+    // Not provisioned again: the same file, the same bytes.
+    let meta = std::fs::metadata(&img).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::ino(&meta), inode, "the image was not replaced");
+    let mut buf = [0u8; 8];
+    std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(&img).unwrap(), &mut buf, 4096).unwrap();
+    assert_eq!(&buf, b"old data");
+    let pvc = common::wait_until(T, "the claim to carry bound-by-controller", || {
+        let pvcs = e.pvcs.clone();
+        async move { pvcs.get("old").await.ok().filter(|p| p.annotations().contains_key("pv.kubernetes.io/bound-by-controller")) }
+    })
+    .await;
+    assert_eq!(pvc.spec.unwrap().storage_class_name, None, "a bound claim keeps its class as it was");
+    assert!(!client::events::list(&e.s.client, "default", "old", "VolumeAdopted").await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pv_whose_claim_went_while_the_controller_was_down_is_reclaimed_on_start() {
+    let mut e = env().await;
+    e.pvcs.create(&PostParams::default(), &claim("orphan", "16Mi", "Filesystem")).await.unwrap();
+    let pvc = e.bound("orphan").await;
+    let name = pv_name(&pvc);
+    e.pv_in(&name, "Bound").await;
+    e.stop().await;
+    // The claim goes without the provisioner: its finalizer removed by hand, then deleted.
+    let drop_finalizer = json!({"metadata": {"finalizers": null}});
+    e.pvcs.patch("orphan", &PatchParams::default(), &Patch::Merge(&drop_finalizer)).await.unwrap();
+    e.pvcs.delete("orphan", &DeleteParams::default()).await.unwrap();
+    e.gone("orphan").await;
+    assert_eq!(e.entries().len(), 1, "the data is still there while the controller is down");
+
+    e.start();
+    e.pv_gone(&name).await;
+    assert!(e.entries().is_empty(), "Delete: the orphan's data is removed too: {:?}", e.entries());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_naming_an_unknown_class_stays_pending_until_the_class_exists() {
+    let e = env().await;
+    let mut c = claim("later", "16Mi", "Filesystem");
+    c.spec.as_mut().unwrap().storage_class_name = Some("fast".into());
+    e.pvcs.create(&PostParams::default(), &c).await.unwrap();
+    let events = common::wait_until(T, "a ProvisioningFailed event for the missing class", || {
+        let c = e.s.client.clone();
+        async move { Some(client::events::list(&c, "default", "later", "ProvisioningFailed").await.ok()?).filter(|v| !v.is_empty()) }
+    })
+    .await;
+    let msg = events[0].message.clone().unwrap_or_default();
+    assert!(msg.contains(r#"storageclass.storage.k8s.io "fast" not found"#), "{msg}");
+    let pvc = e.pvcs.get("later").await.unwrap();
+    assert!(pvc.status.and_then(|s| s.phase).is_none_or(|p| p == "Pending"), "not bound");
+    assert!(pvc.metadata.finalizers.is_none(), "not taken by the provisioner");
+    assert!(e.pvs.list(&Default::default()).await.unwrap().items.is_empty(), "no PV");
+    assert!(e.entries().is_empty(), "no data");
+    let classes: Api<StorageClass> = Api::all(e.s.client.clone());
+
+    // The class name of earlier versions needs no class object (claims made by them go on).
+    let mut legacy = claim("legacy", "16Mi", "Filesystem");
+    legacy.spec.as_mut().unwrap().storage_class_name = Some("virtplug-local".into());
+    e.pvcs.create(&PostParams::default(), &legacy).await.unwrap();
+    let pv = e.pv_in(&pv_name(&e.bound("legacy").await), "Bound").await;
+    assert_eq!(pv.spec.unwrap().storage_class_name.as_deref(), Some("virtplug-local"));
+    assert!(classes.get_opt("virtplug-local").await.unwrap().is_none());
+
+    // The class's creation wakes the claim (no retry timer): it is served now.
+    classes.create(&PostParams::default(), &class("fast", "virtplug.io/local", "Delete")).await.unwrap();
+    let pvc = e.bound("later").await;
+    e.pv_in(&pv_name(&pvc), "Bound").await;
 }
 
 /// A loopback HTTP server with one behaviour per path. Returns its base URL.

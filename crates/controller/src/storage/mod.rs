@@ -1,5 +1,7 @@
-//! Local storage for the embedded deployment: a PVC provisioner ([`provisioner`]) and CDI's
-//! DataVolume import ([`import`]), both over a storage root directory on this machine.
+//! Local storage for the embedded deployment: a PVC provisioner ([`provisioner`]) that serves
+//! the claims of its StorageClasses ([`class`]) and makes and reclaims their PersistentVolumes
+//! ([`volume`]), and CDI's DataVolume import ([`import`]), all over a storage root directory on
+//! this machine.
 //!
 //! Layout: one directory per claim, named by the claim's UID (so a name reused after a delete
 //! never meets the old data, and no name from the API ever becomes a path component):
@@ -8,17 +10,17 @@
 //! the node agent and for people; the truth about a loop device is sysfs
 //! ([`loopdev::find`]).
 
+pub mod class;
 pub mod import;
 pub mod loopdev;
 pub mod provisioner;
+pub mod volume;
 
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 
-/// The storage class this provisioner serves (claims with no class are served too).
-pub const STORAGE_CLASS: &str = "virtplug-local";
 /// Finalizer that keeps a claim until its backing is released.
 pub const FINALIZER: &str = "virtplug.io/local-storage";
 /// Annotation: the claim's directory.
@@ -69,12 +71,6 @@ pub fn data_path(root: &Path, pvc: &PersistentVolumeClaim) -> Option<PathBuf> {
         VolumeMode::Filesystem => Some(image),
         VolumeMode::Block => loopdev::find(&image),
     }
-}
-
-/// Whether this provisioner serves `pvc` (no storage class, or [`STORAGE_CLASS`]).
-#[must_use]
-pub fn serves(pvc: &PersistentVolumeClaim) -> bool {
-    matches!(pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()), None | Some(STORAGE_CLASS))
 }
 
 /// Parses a Kubernetes quantity of bytes (`1Gi`, `500M`, `1073741824`, `1.5Gi`, `1e9`).

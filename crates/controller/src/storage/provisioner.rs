@@ -1,32 +1,50 @@
-//! The local PVC provisioner (embedded deployment; the role a CSI driver plays in a cluster).
+//! The local PVC provisioner (embedded deployment; the role a CSI driver, its
+//! external-provisioner and Kubernetes' PV controller play in a cluster).
 //!
 //! # Flow
-//! A claim it serves ([`super::serves`]) gets the [`FINALIZER`] first, then its directory and
-//! sparse image of the requested size (`disk.img`, or `block.img` behind a loop device), then
-//! `spec.volumeName`, the annotations, and finally `status.phase: Bound` with its capacity and
-//! access modes. Each step is idempotent, so a crash anywhere re-runs to the same result (the
-//! loop device is found again by its backing file, never attached twice).
+//! A claim's class decides whether it is served ([`super::class`]); a claim without a class
+//! takes the default class's name first (the PV controller's retroactive default-class
+//! assignment: kube-apiserver's DefaultStorageClass admission would have written it at create
+//! time, and this API server has no such admission). A served claim gets the [`FINALIZER`] and
+//! `volume.kubernetes.io/storage-provisioner`, then its directory and sparse image of the
+//! requested size (`disk.img`, or `block.img` behind a loop device), then its PersistentVolume
+//! `pvc-<uid>` ([`volume::build`]: capacity, access and volume mode, `hostPath`, the class's
+//! reclaim policy, `claimRef`) and the PV's `status.phase: Bound`, then the claim's
+//! `spec.volumeName` and annotations (`pv.kubernetes.io/bind-completed`,
+//! `pv.kubernetes.io/bound-by-controller`, the path and loop device), and finally its
+//! `status.phase: Bound` with capacity and access modes — the PV controller's order. Each step
+//! is idempotent, so a crash anywhere re-runs to the same result (the loop device is found
+//! again by its backing file, never attached twice; the PV is found by its name).
 //!
-//! On deletion the backing is released — loop device detached, directory removed — and the
-//! finalizer dropped, but only once no VMI names the claim (directly or through its
+//! A claim that already has `spec.volumeName` (bound by this version, or by an earlier one
+//! that made no PV objects) is never provisioned again: its image must exist (else
+//! `VolumeLost`), and a missing PV is created for the data that is there — the upgrade path.
+//!
+//! On deletion the claim is let go only once no VMI names it (directly or through its
 //! DataVolume): a running VM's disk is never pulled. The claim waits with a `ClaimInUse` Event
-//! and is woken by the VMI's deletion.
+//! and is woken by the VMI's deletion. Then the PV's reclaim policy applies
+//! ([`volume::reclaim`]: `Delete` removes the data and then the PV; `Retain` keeps the data and
+//! marks the PV `Released`; a claim without a PV is `Delete`, as before) and the finalizer is
+//! dropped, so a deleted claim's data is gone once the claim is. A PV whose claim went another
+//! way is reclaimed by [`volume::run`].
 //!
 //! # Errors
-//! A claim it cannot provision (no size, no space, no loop device) keeps `Pending` and gets a
-//! `ProvisioningFailed` Warning Event with the reason; it is retried with backoff.
+//! A claim it cannot provision (no size, no space, no loop device, a StorageClass that does
+//! not exist) keeps `Pending` and gets a `ProvisioningFailed` Warning Event with the reason;
+//! API and file failures are retried with backoff, a missing class when the class appears.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{watcher, Controller};
+use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::ResourceExt;
 use tracing::Instrument;
 
@@ -34,7 +52,9 @@ use api::phases::ClaimPhase;
 use api::VirtualMachineInstance;
 use client::events::{self, EventType};
 
-use super::{claim_dir, loopdev, requested_bytes, serves, VolumeMode, ANN_DEVICE, ANN_PATH, FINALIZER};
+use super::class::{self, Decision, ReclaimPolicy, PROVISIONER};
+use super::volume::{self, ANN_BIND_COMPLETED, ANN_BOUND_BY_CONTROLLER, ANN_STORAGE_PROVISIONER};
+use super::{claim_dir, loopdev, requested_bytes, VolumeMode, ANN_DEVICE, ANN_PATH, FINALIZER};
 
 const COMPONENT: &str = "virtplug-provisioner";
 
@@ -61,6 +81,22 @@ pub enum ProvisionError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    #[error("PersistentVolume {volume}: API request failed")]
+    VolumeApi {
+        volume: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(
+        "claim {claim} is bound, but its image {image} is gone: the data was removed outside virtplug; \
+         delete the claim (a new one gets a new, empty volume)"
+    )]
+    Lost { claim: String, image: PathBuf },
+    #[error(
+        "claim {claim}: PersistentVolume {volume} belongs to claim UID {other}, not to this claim; \
+         delete that PersistentVolume (kubectl delete pv {volume}) if nothing uses it"
+    )]
+    Foreign { claim: String, volume: String, other: String },
 }
 
 struct Ctx {
@@ -108,21 +144,38 @@ fn create_image(path: &Path, size: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Releases the backing of the claim with `uid`: detaches its loop device, removes its directory.
+/// Detaches the loop device of the claim with `uid`, if one is attached (the data stays).
 ///
 /// # Errors
-/// When the device cannot be detached or the directory removed.
-pub fn release(root: &Path, uid: &str, claim: &str) -> Result<(), ProvisionError> {
-    let dir = claim_dir(root, uid);
-    let image = dir.join(VolumeMode::Block.image_name());
+/// When the device cannot be detached.
+pub fn release_device(root: &Path, uid: &str, claim: &str) -> Result<(), ProvisionError> {
+    let image = claim_dir(root, uid).join(VolumeMode::Block.image_name());
     if let Some(dev) = loopdev::find(&image) {
         loopdev::detach(&dev).map_err(|source| ProvisionError::Loop { claim: claim.to_owned(), source })?;
     }
+    Ok(())
+}
+
+/// Removes the directory of the claim with `uid` (gone already is fine).
+///
+/// # Errors
+/// When the directory cannot be removed.
+pub fn release_dir(root: &Path, uid: &str, claim: &str) -> Result<(), ProvisionError> {
+    let dir = claim_dir(root, uid);
     match std::fs::remove_dir_all(&dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(ProvisionError::Io { claim: claim.to_owned(), what: "remove", path: dir, source }),
     }
+}
+
+/// Releases the backing of the claim with `uid`: detaches its loop device, removes its directory.
+///
+/// # Errors
+/// When the device cannot be detached or the directory removed.
+pub fn release(root: &Path, uid: &str, claim: &str) -> Result<(), ProvisionError> {
+    release_device(root, uid, claim)?;
+    release_dir(root, uid, claim)
 }
 
 async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Action, ProvisionError> {
@@ -133,9 +186,6 @@ async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Act
 
 /// One claim's reconcile, in a span naming it: released when deleted, else provisioned.
 async fn reconcile_once(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Action, ProvisionError> {
-    if !serves(&pvc) {
-        return Ok(Action::await_change());
-    }
     let Some(uid) = pvc.uid() else { return Ok(Action::await_change()) };
     let claim = Claim {
         api: Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default()),
@@ -172,8 +222,18 @@ impl Claim<'_> {
         self.pvc.name_any()
     }
 
-    /// A deleted claim: its backing is released and the finalizer dropped once no VMI uses it
-    /// (the VMI's change wakes the claim again).
+    fn volumes(&self) -> Api<PersistentVolume> {
+        Api::all(self.ctx.client.clone())
+    }
+
+    async fn warn(&self, reason: &str, message: &str) {
+        events::publish(&self.ctx.client, COMPONENT, self.pvc, EventType::Warning, reason, message).await;
+        tracing::warn!("{message}");
+    }
+
+    /// A deleted claim (only one this provisioner took: it has the finalizer): once no VMI uses
+    /// it (the VMI's change wakes the claim again), its PV's reclaim policy applies and the
+    /// finalizer is dropped.
     async fn release(&self) -> Result<(), ProvisionError> {
         if !self.pvc.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(());
@@ -187,10 +247,15 @@ impl Claim<'_> {
             events::publish(&self.ctx.client, COMPONENT, self.pvc, EventType::Normal, "ClaimInUse", &msg).await;
             return Ok(());
         }
-        let (root, uid, claim) = (self.ctx.root.clone(), self.uid.clone(), self.object.clone());
-        tokio::task::spawn_blocking(move || release(&root, &uid, &claim))
+        // Only a PV this provisioner made for this very claim decides the policy; without one
+        // (a claim bound by an earlier version) the data goes, as it did then.
+        let pv = self
+            .volumes()
+            .get_opt(&volume::name_for(&self.uid))
             .await
-            .map_err(|e| ProvisionError::Api { claim: self.object.clone(), source: Box::new(e) })??;
+            .map_err(|e| ProvisionError::VolumeApi { volume: volume::name_for(&self.uid), source: Box::new(e) })?
+            .filter(|pv| volume::provisioned_here(pv, &self.ctx.root).as_deref() == Some(self.uid.as_str()));
+        let policy = volume::reclaim(&self.ctx.client, &self.ctx.root, &self.uid, pv.as_ref(), &self.object).await?;
         client::update(&self.api, &self.name(), |p: &mut PersistentVolumeClaim| {
             if let Some(f) = p.metadata.finalizers.as_mut() {
                 f.retain(|x| x != FINALIZER);
@@ -198,50 +263,150 @@ impl Claim<'_> {
         })
         .await
         .map_err(api_err(&self.object))?;
-        tracing::info!("released the claim's storage");
+        tracing::info!("released the claim's storage (reclaim policy {})", policy.as_str());
         Ok(())
     }
 
-    /// A live claim: finalizer, backing, then bound.
+    /// A live claim: class, finalizer, backing, PV, then bound.
     async fn provision(&self) -> Result<(), ProvisionError> {
+        let pv_name = volume::name_for(&self.uid);
+        let volume_name = self.pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+        // Bound to its PV before (by this version, or one without PV objects).
+        let bound_before = volume_name == Some(pv_name.as_str());
+        // A claim taken before stays this provisioner's whatever its class became since (the
+        // default moved, the class was deleted): binding does not depend on the class.
+        let taken = bound_before && self.pvc.finalizers().iter().any(|f| f == FINALIZER);
+        let decision = class::resolve(&self.ctx.client, self.pvc)
+            .await
+            .map_err(|e| ProvisionError::Api { claim: self.object.clone(), source: Box::new(e) })?;
+        let (class, reclaim, assign) = match decision {
+            Decision::Serve { class, reclaim, assign } => (class, reclaim, assign),
+            // Only reached without a PV (an existing one is kept as it is): as earlier versions.
+            _ if taken => (self.pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()), ReclaimPolicy::Delete, false),
+            Decision::Other => return Ok(()),
+            Decision::Missing(name) => {
+                // As the PV controller says it; the class's creation wakes the claim.
+                let msg = format!(
+                    "storageclass.storage.k8s.io \"{name}\" not found: create that StorageClass (provisioner {PROVISIONER} for this \
+                     machine's storage) or recreate the claim with an existing class (kubectl get storageclass)"
+                );
+                self.warn("ProvisioningFailed", &msg).await;
+                return Ok(());
+            }
+        };
+        if let Some(other) = volume_name.filter(|_| !bound_before) {
+            let msg = format!(
+                "spec.volumeName names {other}: binding a claim to a PersistentVolume made by hand is not supported by the \
+                 local provisioner; remove spec.volumeName (recreate the claim) to have a volume provisioned"
+            );
+            self.warn("ProvisioningFailed", &msg).await;
+            return Ok(());
+        }
         let size = match requested_bytes(self.pvc) {
             Ok(size) => size,
             Err(message) => {
                 // Only an edit of the claim can fix this: report it and wait for one.
-                events::publish(&self.ctx.client, COMPONENT, self.pvc, EventType::Warning, "ProvisioningFailed", &message).await;
-                tracing::warn!("{message}");
+                self.warn("ProvisioningFailed", &message).await;
                 return Ok(());
             }
         };
-        if !self.pvc.finalizers().iter().any(|f| f == FINALIZER) {
-            client::update(&self.api, &self.name(), |p: &mut PersistentVolumeClaim| {
-                let f = p.metadata.finalizers.get_or_insert_with(Vec::new);
-                if !f.iter().any(|x| x == FINALIZER) {
-                    f.push(FINALIZER.to_owned());
-                }
-            })
-            .await
-            .map_err(api_err(&self.object))?;
+        // A claim bound before keeps its class as it is (Kubernetes assigns the default class to
+        // unbound claims only).
+        let assign = if assign && !bound_before { class.clone() } else { None };
+        client::update_from(&self.api, self.pvc, |p: &mut PersistentVolumeClaim| {
+            let f = p.metadata.finalizers.get_or_insert_with(Vec::new);
+            if !f.iter().any(|x| x == FINALIZER) {
+                f.push(FINALIZER.to_owned());
+            }
+            p.metadata.annotations.get_or_insert_with(Default::default).insert(ANN_STORAGE_PROVISIONER.to_owned(), PROVISIONER.to_owned());
+            if let (Some(spec), Some(c)) = (p.spec.as_mut(), assign.as_ref()) {
+                spec.storage_class_name.get_or_insert_with(|| c.clone());
+            }
+        })
+        .await
+        .map_err(api_err(&self.object))?;
+        let backing = self.backing(size, !bound_before).await?;
+        let capacity = self.capacity(bound_before, size);
+        let created = self.volume(&backing, class.as_deref(), reclaim, &capacity).await?;
+        if created && bound_before {
+            let msg = format!("created PersistentVolume {pv_name} for the data of this claim (bound by an earlier virtplug without one)");
+            events::publish(&self.ctx.client, COMPONENT, self.pvc, EventType::Normal, "VolumeAdopted", &msg).await;
+            tracing::info!("{msg}");
         }
-        let backing = self.backing(size).await?;
-        self.bind(&backing, size).await
+        self.bind(&backing, &capacity).await
+    }
+
+    /// The PV's capacity: the claim's recorded one when it was bound before (never a new size
+    /// for old data), else what it requests.
+    fn capacity(&self, bound_before: bool, size: u64) -> Quantity {
+        let spec = self.pvc.spec.as_ref();
+        let recorded = self.pvc.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).filter(|_| bound_before);
+        let requested = spec.and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage"));
+        recorded.or(requested).cloned().unwrap_or_else(|| Quantity(size.to_string()))
     }
 
     /// The backing, idempotently (also re-attaches a Block claim's loop device after a reboot).
-    async fn backing(&self, size: u64) -> Result<Backing, ProvisionError> {
+    /// `create: false` (a bound claim) never makes a new image: old data or none.
+    async fn backing(&self, size: u64, create: bool) -> Result<Backing, ProvisionError> {
         let mode = VolumeMode::of(self.pvc);
         let dir = claim_dir(&self.ctx.root, &self.uid);
         let image = dir.join(mode.image_name());
         let (d, i, claim) = (dir.clone(), image.clone(), self.object.clone());
-        let device = tokio::task::spawn_blocking(move || create_backing(&d, &i, size, mode, &claim))
+        let device = tokio::task::spawn_blocking(move || create_backing(&d, &i, size, mode, &claim, create))
             .await
             .map_err(|e| ProvisionError::Api { claim: self.object.clone(), source: Box::new(e) })??;
         Ok(Backing { mode, dir, image, device })
     }
 
-    /// Records the backing on the claim (volume name, annotations), then binds it.
-    async fn bind(&self, b: &Backing, size: u64) -> Result<(), ProvisionError> {
-        let volume_name = format!("pvc-{}", self.uid);
+    /// The claim's PV, created unless it exists, with the loop device recorded and phase
+    /// `Bound`. Returns whether it was created now.
+    async fn volume(&self, b: &Backing, class: Option<&str>, reclaim: ReclaimPolicy, capacity: &Quantity) -> Result<bool, ProvisionError> {
+        let api = self.volumes();
+        let name = volume::name_for(&self.uid);
+        let verr = |e: kube::Error| ProvisionError::VolumeApi { volume: name.clone(), source: Box::new(e) };
+        let (pv, created) = match api.get_opt(&name).await.map_err(verr)? {
+            Some(pv) => (pv, false),
+            None => {
+                let new = volume::build(&volume::NewVolume {
+                    pvc: self.pvc,
+                    uid: &self.uid,
+                    root: &self.ctx.root,
+                    class,
+                    reclaim,
+                    capacity: capacity.clone(),
+                    device: b.device.as_deref(),
+                });
+                match api.create(&PostParams::default(), &new).await {
+                    Ok(pv) => (pv, true),
+                    // Made by an earlier attempt whose answer was lost: use it.
+                    Err(kube::Error::Api(s)) if s.code == 409 => (api.get(&name).await.map_err(verr)?, false),
+                    Err(e) => return Err(verr(e)),
+                }
+            }
+        };
+        let owner = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.clone()).unwrap_or_default();
+        if owner != self.uid {
+            return Err(ProvisionError::Foreign { claim: self.object.clone(), volume: name, other: owner });
+        }
+        // The device's number can change (a reboot): the annotation follows it.
+        let dev = b.device.as_ref().map(|d| d.to_string_lossy().into_owned());
+        let pv = client::update_from(&api, &pv, |p: &mut PersistentVolume| {
+            let ann = p.metadata.annotations.get_or_insert_with(Default::default);
+            match &dev {
+                Some(d) => ann.insert(ANN_DEVICE.to_owned(), d.clone()),
+                None => ann.remove(ANN_DEVICE),
+            };
+        })
+        .await
+        .map_err(|e| ProvisionError::VolumeApi { volume: name.clone(), source: Box::new(e) })?
+        .object;
+        volume::set_phase(&api, &pv, volume::BOUND).await?;
+        Ok(created)
+    }
+
+    /// Records the PV on the claim (volume name, annotations), then binds it.
+    async fn bind(&self, b: &Backing, capacity: &Quantity) -> Result<(), ProvisionError> {
+        let volume_name = volume::name_for(&self.uid);
         let dir_s = b.dir.to_string_lossy().into_owned();
         let dev_s = b.device.as_ref().map(|d| d.to_string_lossy().into_owned());
         // `self.pvc` is the store's copy: nothing is read or sent when it is already so.
@@ -251,7 +416,8 @@ impl Claim<'_> {
             }
             let ann = p.metadata.annotations.get_or_insert_with(Default::default);
             ann.insert(ANN_PATH.to_owned(), dir_s.clone());
-            ann.insert("pv.kubernetes.io/bind-completed".to_owned(), "yes".to_owned());
+            ann.insert(ANN_BIND_COMPLETED.to_owned(), "yes".to_owned());
+            ann.insert(ANN_BOUND_BY_CONTROLLER.to_owned(), "yes".to_owned());
             match &dev_s {
                 Some(d) => ann.insert(ANN_DEVICE.to_owned(), d.clone()),
                 None => ann.remove(ANN_DEVICE),
@@ -260,22 +426,19 @@ impl Claim<'_> {
         .await
         .map_err(api_err(&self.object))?;
         let was_bound = ClaimPhase::is_bound(self.pvc);
-        let spec = self.pvc.spec.as_ref();
-        let capacity = spec.and_then(|s| s.resources.as_ref()).and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage")).cloned();
-        let modes = spec.and_then(|s| s.access_modes.clone()).unwrap_or_else(|| vec!["ReadWriteOnce".to_owned()]);
+        let modes = self.pvc.spec.as_ref().and_then(|s| s.access_modes.clone()).unwrap_or_else(|| vec!["ReadWriteOnce".to_owned()]);
         client::update_status_from(&self.api, self.pvc, |p: &mut PersistentVolumeClaim| {
             let st = p.status.get_or_insert_with(Default::default);
             st.phase = Some(ClaimPhase::Bound.as_str().to_owned());
             st.access_modes = Some(modes.clone());
-            st.capacity =
-                Some([("storage".to_owned(), capacity.clone().unwrap_or_else(|| Quantity(size.to_string())))].into_iter().collect());
+            st.capacity = Some([("storage".to_owned(), capacity.clone())].into_iter().collect());
         })
         .await
         .map_err(api_err(&self.object))?;
         if !was_bound {
             let what = match &b.device {
-                Some(d) => format!("{:?} volume: {} over {}", b.mode, d.display(), b.image.display()),
-                None => format!("{:?} volume: {}", b.mode, b.image.display()),
+                Some(d) => format!("{:?} volume {volume_name}: {} over {}", b.mode, d.display(), b.image.display()),
+                None => format!("{:?} volume {volume_name}: {}", b.mode, b.image.display()),
             };
             events::publish(
                 &self.ctx.client,
@@ -301,15 +464,27 @@ struct Backing {
     device: Option<PathBuf>,
 }
 
-/// Creates the claim's directory and image (and attaches a Block claim's loop device unless it
-/// is attached already). Blocking: run it off the reactor.
-fn create_backing(dir: &Path, image: &Path, size: u64, mode: VolumeMode, claim: &str) -> Result<Option<PathBuf>, ProvisionError> {
+/// Creates the claim's directory and image unless `create` is false (then the image must
+/// exist), and attaches a Block claim's loop device unless it is attached already. Blocking:
+/// run it off the reactor.
+fn create_backing(
+    dir: &Path,
+    image: &Path,
+    size: u64,
+    mode: VolumeMode,
+    claim: &str,
+    create: bool,
+) -> Result<Option<PathBuf>, ProvisionError> {
     let io = |what, path: &Path| {
         let path = path.to_owned();
         move |source| ProvisionError::Io { claim: claim.to_owned(), what, path, source }
     };
-    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
-    create_image(image, size).map_err(io("create", image))?;
+    if create {
+        std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+        create_image(image, size).map_err(io("create", image))?;
+    } else if !image.exists() {
+        return Err(ProvisionError::Lost { claim: claim.to_owned(), image: image.to_owned() });
+    }
     if mode == VolumeMode::Block {
         let dev = match loopdev::find(image) {
             Some(d) => d,
@@ -327,22 +502,45 @@ fn error_policy(pvc: Arc<PersistentVolumeClaim>, err: &ProvisionError, ctx: Arc<
     tracing::warn!(claim = %object, "{}", client::error_chain(err));
     let client = ctx.client.clone();
     let msg = client::error_chain(err);
-    tokio::spawn(async move { events::publish(&client, COMPONENT, pvc.as_ref(), EventType::Warning, "ProvisioningFailed", &msg).await });
+    let reason = if matches!(err, ProvisionError::Lost { .. }) { "VolumeLost" } else { "ProvisioningFailed" };
+    tokio::spawn(async move { events::publish(&client, COMPONENT, pvc.as_ref(), EventType::Warning, reason, &msg).await });
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Runs the provisioner for claims under `root` until the process stops.
+/// Runs the provisioner for claims under `root` until the process stops, with the PV side
+/// ([`volume::run`]) beside it.
 pub async fn run(client: kube::Client, root: PathBuf) {
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let vmis: Api<VirtualMachineInstance> = Api::all(client.clone());
-    let ctx = Arc::new(Ctx { client, root });
-    Controller::new(pvcs, watcher::Config::default())
+    // Backoff: an API server that does not serve these kinds answers 404 to every retry.
+    let classes = watcher(Api::<StorageClass>::all(client.clone()), watcher::Config::default()).default_backoff().touched_objects();
+    let pvs = watcher(Api::<PersistentVolume>::all(client.clone()), watcher::Config::default()).default_backoff().touched_objects();
+    let ctx = Arc::new(Ctx { client: client.clone(), root: root.clone() });
+    let controller = Controller::new(pvcs, watcher::Config::default());
+    let store = controller.store();
+    let claims = controller
         // A VMI's change (its deletion above all) wakes the claims it uses.
         .watches(vmis, watcher::Config::default(), |vmi| {
             let ns = vmi.namespace().unwrap_or_default();
             claims_of(&vmi).into_iter().map(move |c| ObjectRef::new(&c).within(&ns))
         })
+        // A class's change wakes the claims that name it and those without a class (the default
+        // may have changed): a claim waiting for a missing class is provisioned when it appears.
+        .watches_stream(classes, move |sc: StorageClass| {
+            let name = sc.name_any();
+            store
+                .state()
+                .iter()
+                .filter(|c| c.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()).is_none_or(|n| n == name))
+                .map(|c| ObjectRef::from_obj(c.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        // A PV's change (a PV deleted by force, say) wakes its claim.
+        .watches_stream(pvs, |pv: PersistentVolume| {
+            let r = pv.spec.and_then(|s| s.claim_ref)?;
+            Some(ObjectRef::new(r.name.as_deref()?).within(r.namespace.as_deref()?))
+        })
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {})
-        .await;
+        .for_each(|_| async {});
+    tokio::join!(claims, volume::run(client, root));
 }
