@@ -149,9 +149,13 @@ pub fn record_update(def: &ResourceDef, part: Part, old: Option<&Value>, new: &m
 /// returns the object to store, its `managedFields` set.
 ///
 /// # Errors
-/// 409 Conflict when the apply changes a value another manager owns and `force` is false, worded
+/// 400 when `config` or `live` is not an object (the verbs never pass one); 409 Conflict when
+/// the apply changes a value another manager owns and `force` is false, worded
 /// and detailed as kube-apiserver's (see [`conflict_error`]).
 pub fn apply(def: &ResourceDef, part: Part, live: Option<&Value>, config: &Value, manager: &str, force: bool) -> Result<Value, ApiError> {
+    if !config.is_object() || live.is_some_and(|l| !l.is_object()) {
+        return Err(ApiError::bad_request(format!("an apply patch and the {} it applies to must both be objects", def.kind)));
+    }
     let schema = schema::of(def);
     let scope = scope(def, part);
     let sub = subresource(part);
@@ -266,7 +270,7 @@ pub fn conflict_error(mut conflicts: Vec<(String, String)>) -> ApiError {
             format!("Apply failed with {} conflicts: {}", conflicts.len(), lines.join("\n"))
         }
     };
-    ApiError::conflict_message(message).with_causes(causes)
+    ApiError::conflict_message(message).with_causes(&causes)
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ impl ApiError {
     /// The same error with `details.causes` (and no other details), as kube-apiserver's
     /// `NewApplyConflict`.
     #[must_use]
-    pub fn with_causes(mut self, causes: Vec<Value>) -> Self {
+    pub fn with_causes(mut self, causes: &[Value]) -> Self {
         self.details = Some(json!({"causes": causes}));
         self
     }

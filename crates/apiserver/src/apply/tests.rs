@@ -16,10 +16,12 @@ fn node_def() -> &'static ResourceDef {
     registry::find("", "v1", "nodes").unwrap()
 }
 
+#[allow(clippy::needless_pass_by_value)]
 fn vm(spec: Value) -> Value {
     json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "vm1", "namespace": "default"}, "spec": spec})
 }
 
+#[allow(clippy::needless_pass_by_value)]
 fn node(meta: Value, spec: Value) -> Value {
     let mut m = json!({"name": "n1"});
     if let (Some(m), Some(extra)) = (m.as_object_mut(), meta.as_object()) {
@@ -262,4 +264,26 @@ fn manager_names_come_from_the_user_agent_as_kube_derives_them() {
     assert_eq!(check_manager(&"x".repeat(129), "PatchOptions").unwrap_err().code, 422);
     assert!(check_manager("a\u{7}", "PatchOptions").is_err());
     assert!(check_manager("kubectl", "PatchOptions").is_ok());
+}
+
+#[test]
+fn odd_configurations_never_panic() {
+    // Through the fuzz entry: duplicate keys and values, items of the wrong type, type changes,
+    // nulls, a deep value, forced and not.
+    let deep = format!("spec: {}1{}", "{a: ".repeat(120), "}".repeat(120));
+    let cases = [
+        "metadata: {ownerReferences: [{uid: a}, {uid: a}, 5, null], finalizers: [x, x, {y: 1}]}",
+        "spec: {podCIDRs: [[1], {a: 1}], taints: null, runStrategy: {x: [1]}}",
+        "status: 7\nspec: [1]\nmetadata: []",
+        "metadata: {labels: null, managedFields: [{}]}",
+        deep.as_str(),
+    ];
+    let current = json!({"metadata": {"name": "x", "ownerReferences": [{"uid": "a"}], "managedFields": [{"manager": "m",
+        "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:runStrategy": {}}}}]},
+        "spec": {"runStrategy": "Halted", "podCIDRs": ["1"]}});
+    for body in cases {
+        for kind in [3, 3 | 0x80] {
+            crate::fuzzing::patch(kind, current.to_string().as_bytes(), body.as_bytes());
+        }
+    }
 }

@@ -86,7 +86,7 @@ fn parse_config(def: &ResourceDef, name: &str, body: &[u8]) -> Result<Value, Api
         return Err(ApiError::bad_request(format!("the apply patch must be a YAML or JSON object of kind {}", def.kind)));
     }
     for field in ["apiVersion", "kind"] {
-        if !config.get(field).and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+        if config.get(field).and_then(Value::as_str).is_none_or(str::is_empty) {
             return Err(ApiError::bad_request(format!(
                 "the apply patch has no {field}: an applied configuration names its type (apiVersion: {}, kind: {})",
                 def.api_version(),
