@@ -72,9 +72,31 @@ pub fn request_body(content_type: &str, body: &[u8]) {
 pub fn patch(kind_index: u8, current: &[u8], body: &[u8]) {
     let kind = [PatchKind::Json, PatchKind::Merge, PatchKind::Strategic, PatchKind::Apply][usize::from(kind_index % 4)];
     let current = serde_json::from_slice::<Value>(current).ok().filter(Value::is_object).unwrap_or_else(sample);
+    if kind == PatchKind::Apply {
+        return apply(kind_index, &current, body);
+    }
     if let Ok(p) = Patch::parse(kind, body) {
         if let Ok(out) = p.apply(&current) {
             check_stored(&out);
+        }
+    }
+}
+
+/// Server-side apply of `body` (YAML) to `current` on a VM and on a Node (map and set lists),
+/// forced or not by `kind_index`'s high bit, then again by another manager, and an Update
+/// recording what changed: none may panic, and what an apply returns is storable.
+fn apply(kind_index: u8, current: &Value, body: &[u8]) {
+    let Ok(config) = body::parse_yaml(body, limits::MAX_YAML_EXPANSION_BYTES) else { return };
+    let force = kind_index & 0x80 != 0;
+    for def in ["virtualmachines", "nodes"].into_iter().filter_map(|p| crate::registry::all().into_iter().find(|d| d.plural == p)) {
+        for part in [crate::objects::Part::Main, crate::objects::Part::Status] {
+            let Ok(once) = crate::apply::apply(def, part, Some(current), &config, "a", force) else { continue };
+            check_stored(&once);
+            if let Ok(twice) = crate::apply::apply(def, part, Some(&once), &config, "b", force) {
+                check_stored(&twice);
+            }
+            let mut updated = once.clone();
+            crate::apply::record_update(def, part, Some(current), &mut updated, Some("u"));
         }
     }
 }

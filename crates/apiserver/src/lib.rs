@@ -5,7 +5,8 @@
 //! with Kubernetes semantics, so `kubectl`, kube-rs and the Python client work unchanged.
 //!
 //! - [`store`]: SQLite store, global revision, changelog, broadcast.
-//! - [`objects`]: the verbs and their metadata rules.
+//! - [`objects`]: the verbs and their metadata rules; [`apply`]: server-side apply and field
+//!   ownership (`managedFields`) on every write.
 //! - [`routes`]: the route table, from a request to its handler ([`call`]: what a handler
 //!   gets; [`target`]: what a resource path names); the handlers: [`discovery`] (the endpoints
 //!   that are not objects, [`openapi`]), [`verbs`] (on resources: [`list`], [`watch`],
@@ -20,6 +21,7 @@
 //!   [`tlsserve`], shared with the Redfish service); [`health`]: `/readyz` over the long-lived
 //!   tasks.
 
+pub mod apply;
 pub mod body;
 pub mod call;
 pub mod crd;

@@ -2,6 +2,7 @@
 //! semantics for metadata, resourceVersion preconditions, the status subresource and finalizers.
 //! HTTP parsing lives in `routes`; this module works on JSON values and returns [`ApiError`]s.
 
+mod apply;
 mod metadata;
 
 use std::sync::Arc;
@@ -35,6 +36,32 @@ pub struct DeleteOptions {
     pub resource_version: Option<String>,
     pub propagation: Option<Propagation>,
     pub dry_run: bool,
+}
+
+/// How a write is made: as a dry run or not, and by which field manager (`fieldManager`, or the
+/// User-Agent's; `None` for the server's own writes, which record no `managedFields` entry).
+#[derive(Clone, Debug, Default)]
+pub struct Write {
+    pub dry_run: bool,
+    pub manager: Option<String>,
+    /// `force=true` of an apply: take the fields of other managers instead of a conflict.
+    pub force: bool,
+}
+
+impl From<bool> for Write {
+    /// A write by the server itself.
+    fn from(dry_run: bool) -> Write {
+        Write { dry_run, ..Write::default() }
+    }
+}
+
+/// How a write's `managedFields` are kept.
+#[derive(Clone, Copy)]
+enum Track<'a> {
+    /// Recorded as an Update by this manager (see [`crate::apply::record_update`]).
+    Update(Option<&'a str>),
+    /// Already computed by [`crate::apply::apply`].
+    Applied,
 }
 
 /// The object verbs over one store.
@@ -150,7 +177,19 @@ impl Objects {
     /// # Errors
     /// 400 for a wrong kind, apiVersion or namespace, 404 for a missing namespace, 409
     /// AlreadyExists, 422 for an invalid name or spec.
-    pub async fn create(&self, def: &ResourceDef, ns: Option<&str>, mut obj: Value, dry_run: bool) -> Result<Value, ApiError> {
+    pub async fn create(&self, def: &ResourceDef, ns: Option<&str>, obj: Value, write: impl Into<Write>) -> Result<Value, ApiError> {
+        let write = write.into();
+        self.create_tracked(def, ns, obj, write.dry_run, Track::Update(write.manager.as_deref())).await
+    }
+
+    async fn create_tracked(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        mut obj: Value,
+        dry_run: bool,
+        track: Track<'_>,
+    ) -> Result<Value, ApiError> {
         check_type(def, &mut obj)?;
         {
             let m = meta_mut(&mut obj);
@@ -206,6 +245,10 @@ impl Objects {
         }
         if def.kind != "Namespace" {
             self.check_namespace(def, ns, true)?;
+        }
+        // Before the server fills in status: what the client sent is what its manager owns.
+        if let Track::Update(manager) = track {
+            crate::apply::record_update(def, Part::Main, None, &mut obj, manager);
         }
         // A new object starts without status where status is a subresource (as for CRDs), with
         // the phase the core controllers would give it otherwise.
@@ -285,8 +328,9 @@ impl Objects {
         name: &str,
         mut obj: Value,
         part: Part,
-        dry_run: bool,
+        write: impl Into<Write>,
     ) -> Result<Value, ApiError> {
+        let write = write.into();
         check_type(def, &mut obj)?;
         if meta_str(&obj, "name").is_some_and(|n| n != name) {
             return Err(ApiError::bad_request(format!(
@@ -312,7 +356,8 @@ impl Objects {
             ns,
             name,
             want_rv.is_some(),
-            dry_run,
+            write.dry_run,
+            Track::Update(write.manager.as_deref()),
             |cur| {
                 if let Some(rv) = &want_rv {
                     if *rv != cur.rv.to_string() {
@@ -344,8 +389,12 @@ impl Objects {
         kind: PatchKind,
         body: &[u8],
         part: Part,
-        dry_run: bool,
+        write: impl Into<Write>,
     ) -> Result<Value, ApiError> {
+        let write = write.into();
+        if kind == PatchKind::Apply {
+            return self.apply(def, ns, name, body, part, &write).await.map(|(applied, _)| applied);
+        }
         if kind == PatchKind::Strategic && def.custom {
             return Err(ApiError::unsupported_media(
                 "the body of the request was in an unknown format - accepted media types include: \
@@ -361,7 +410,8 @@ impl Objects {
             ns,
             name,
             preconditioned,
-            dry_run,
+            write.dry_run,
+            Track::Update(write.manager.as_deref()),
             |cur| {
                 let patched = parsed.apply(&cur.object)?;
                 if let Some(rv) = meta_str(&patched, "resourceVersion") {
@@ -392,7 +442,7 @@ impl Objects {
         dry_run: bool,
         compute: impl Fn(&Value) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
-        self.guaranteed_update(def, ns, name, false, dry_run, |cur| compute(&cur.object), part).await
+        self.guaranteed_update(def, ns, name, false, dry_run, Track::Update(None), |cur| compute(&cur.object), part).await
     }
 
     /// Read, compute the new object with `compute`, write with a compare-and-swap on the read
@@ -405,6 +455,7 @@ impl Objects {
         name: &str,
         preconditioned: bool,
         dry_run: bool,
+        track: Track<'_>,
         compute: impl Fn(&Stored) -> Result<Value, ApiError>,
         part: Part,
     ) -> Result<Value, ApiError> {
@@ -414,9 +465,21 @@ impl Objects {
             not_an_object(def, name, &cur.object)?;
             let mut new = compute(&cur)?;
             check_type(def, &mut new)?;
+            let applied_fields = new.pointer("/metadata/managedFields").cloned();
             let mut new = merge_server_fields(def, &cur.object, new, part);
             if part == Part::Main {
                 normalize(def, name, &mut new)?;
+            }
+            match track {
+                Track::Update(manager) => crate::apply::record_update(def, part, Some(&cur.object), &mut new, manager),
+                Track::Applied => match applied_fields {
+                    Some(f) => {
+                        meta_mut(&mut new).insert("managedFields".into(), f);
+                    }
+                    None => {
+                        meta_mut(&mut new).shift_remove("managedFields");
+                    }
+                },
             }
             check_metadata(def, name, &new, Some(&cur.object))?;
             if part == Part::Main {

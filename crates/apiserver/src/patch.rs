@@ -42,7 +42,8 @@ impl PatchKind {
             "application/json-patch+json" => Some(PatchKind::Json),
             "application/merge-patch+json" => Some(PatchKind::Merge),
             "application/strategic-merge-patch+json" => Some(PatchKind::Strategic),
-            "application/apply-patch+yaml" | "application/apply-patch+cbor" => Some(PatchKind::Apply),
+            // CBOR apply patches are refused (415) with the types accepted.
+            "application/apply-patch+yaml" => Some(PatchKind::Apply),
             _ => None,
         }
     }
@@ -64,7 +65,8 @@ impl Patch {
     ///
     /// # Errors
     /// 400 when the body is not a patch of its kind; 413 for a JSON patch of more than
-    /// [`MAX_JSON_PATCH_OPS`] operations; 415 for server-side apply.
+    /// [`MAX_JSON_PATCH_OPS`] operations; 415 for server-side apply, which is no patch of the
+    /// object but a configuration merged by [`crate::apply`].
     pub fn parse(kind: PatchKind, body: &[u8]) -> Result<Patch, ApiError> {
         match kind {
             PatchKind::Json => {
@@ -86,10 +88,9 @@ impl Patch {
                 }
                 Ok(if kind == PatchKind::Strategic { Patch::Strategic(patch) } else { Patch::Merge(patch) })
             }
-            PatchKind::Apply => Err(ApiError::unsupported_media(
-                "server-side apply is not supported by virtplug's API server; use kubectl apply without --server-side \
-                 (client-side apply uses a merge patch)",
-            )),
+            PatchKind::Apply => {
+                Err(ApiError::unsupported_media("an apply patch is applied by crate::apply (Objects::apply), not parsed as a patch"))
+            }
         }
     }
 

@@ -74,6 +74,14 @@ impl ApiError {
         Self::new(409, "Conflict", message)
     }
 
+    /// The same error with `details.causes` (and no other details), as kube-apiserver's
+    /// `NewApplyConflict`.
+    #[must_use]
+    pub fn with_causes(mut self, causes: &[Value]) -> Self {
+        self.details = Some(json!({"causes": causes}));
+        self
+    }
+
     /// 409 Conflict for a failed delete precondition.
     #[must_use]
     pub fn precondition(group: &str, plural: &str, name: &str, what: &str) -> Self {

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::call::Call;
 use crate::limits::FRESHNESS_WAIT;
-use crate::objects::{DeleteOptions, Propagation};
+use crate::objects::{DeleteOptions, Propagation, Write};
 use crate::patch::PatchKind;
 use crate::query;
 use crate::reply::json_response;
@@ -55,7 +55,8 @@ pub async fn create(mut c: Call<'_>, r: Resource) -> Answer {
     if let Some(review) = r.def.review {
         return answer_review(r.def, review, obj);
     }
-    let created = c.st.objects.create(r.def, r.ns.as_deref(), obj, r.opts.dry_run).await?;
+    let write = write_options(&c, &r, "CreateOptions", false)?;
+    let created = c.st.objects.create(r.def, r.ns.as_deref(), obj, write).await?;
     Ok(json_response(StatusCode::CREATED, &created))
 }
 
@@ -73,22 +74,60 @@ fn answer_review(def: &crate::registry::ResourceDef, review: &crate::kinds::revi
 pub async fn replace(mut c: Call<'_>, r: Resource) -> Answer {
     let body = c.body().await?;
     let obj = parse_body(&c, &body)?;
-    let out = c.st.objects.replace(r.def, r.ns.as_deref(), r.name()?, obj, r.part(), r.opts.dry_run).await?;
+    let write = write_options(&c, &r, "UpdateOptions", false)?;
+    let out = c.st.objects.replace(r.def, r.ns.as_deref(), r.name()?, obj, r.part(), write).await?;
     Ok(json_response(StatusCode::OK, &out))
 }
 
-/// `PATCH` of an object or its status: JSON, merge or strategic merge patch by content type.
+/// `PATCH` of an object or its status: JSON, merge or strategic merge patch, or server-side
+/// apply (201 when the apply created the object), by content type.
 pub async fn patch(mut c: Call<'_>, r: Resource) -> Answer {
     let ct = c.header(header::CONTENT_TYPE);
     let kind = PatchKind::from_content_type(ct).ok_or_else(|| {
+        let strategic = if r.def.custom { "" } else { ", application/strategic-merge-patch+json" };
         ApiError::unsupported_media(format!(
             "the body of the request was in an unknown format ({ct:?}) - accepted media types include: \
-             application/json-patch+json, application/merge-patch+json"
+             application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml{strategic}"
         ))
     })?;
+    let write = write_options(&c, &r, "PatchOptions", kind == PatchKind::Apply)?;
     let body = c.body().await?;
-    let out = c.st.objects.patch(r.def, r.ns.as_deref(), r.name()?, kind, &body, r.part(), r.opts.dry_run).await?;
+    let (objects, ns, name) = (&c.st.objects, r.ns.as_deref(), r.name()?);
+    if kind == PatchKind::Apply {
+        let (out, created) = objects.apply(r.def, ns, name, &body, r.part(), &write).await?;
+        return Ok(json_response(if created { StatusCode::CREATED } else { StatusCode::OK }, &out));
+    }
+    let out = objects.patch(r.def, ns, name, kind, &body, r.part(), write).await?;
     Ok(json_response(StatusCode::OK, &out))
+}
+
+/// The write options of a create, update or patch: `dryRun`, the field manager (`fieldManager`,
+/// else the User-Agent's, as kube-apiserver; an apply needs `fieldManager`) and `force`, which
+/// only an apply may send.
+fn write_options(c: &Call<'_>, r: &Resource, options: &str, apply: bool) -> Result<Write, ApiError> {
+    let invalid = |kind, field: &str, message: &str| {
+        ApiError::invalid("meta.k8s.io", options, "", &[api::validation::Cause::new(kind, field, message)])
+    };
+    let given = c.query.get("fieldManager").filter(|m| !m.is_empty());
+    if let Some(m) = given {
+        crate::apply::check_manager(m, options)?;
+    }
+    let force = match c.query.get("force").map(String::as_str) {
+        None => false,
+        Some(_) if !apply && options == "PatchOptions" => {
+            return Err(invalid(api::validation::CauseType::Forbidden, "force", "Forbidden: may not be specified for non-apply patch"));
+        }
+        Some("true") => true,
+        Some("false" | "") => false,
+        Some(other) => return Err(ApiError::bad_request(format!("force {other:?} is not a boolean: send force=true or force=false"))),
+    };
+    let manager = if apply {
+        // Checked by the apply itself (422 naming fieldManager), after the body's type.
+        given.cloned()
+    } else {
+        given.cloned().or_else(|| crate::apply::manager_from_user_agent(c.header(header::USER_AGENT)))
+    };
+    Ok(Write { dry_run: r.opts.dry_run, manager, force })
 }
 
 /// `DELETE` of an object, with `DeleteOptions` from the query and body.

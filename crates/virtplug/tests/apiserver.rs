@@ -465,7 +465,9 @@ async fn bad_input_gets_a_clear_status_and_stores_nothing() {
         ("JSON patch on a missing path", "application/json-patch+json", r#"[{"op":"replace","path":"/spec/nothing/here","value":1}]"#, 422),
         ("merge patch that is not an object", "application/merge-patch+json", "[1]", 400),
         ("strategic merge patch on a custom resource", "application/strategic-merge-patch+json", "{}", 415),
-        ("server-side apply", "application/apply-patch+yaml", "{}", 415),
+        // Server-side apply is served (tests/apply.rs); these are refused as kube-apiserver does.
+        ("server-side apply without fieldManager", "application/apply-patch+yaml", "{}", 422),
+        ("server-side apply as CBOR", "application/apply-patch+cbor", "{}", 415),
         ("merge patch making the spec invalid", "application/merge-patch+json", r#"{"spec":{"runStrategy":"Sometimes"}}"#, 422),
     ] {
         let (code, status) = s.raw("PATCH", &obj, ct, body.as_bytes().to_vec()).await;
