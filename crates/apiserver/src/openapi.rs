@@ -266,6 +266,9 @@ pub fn build() -> Documents {
 /// The documents of the registry as it is now: built on first use and after each change.
 pub fn documents() -> Arc<Documents> {
     static DOCS: Mutex<Option<(u64, Arc<Documents>)>> = Mutex::new(None);
+    // virtplug's own CRDs register on first use: before the generation is read, not during
+    // the build.
+    crate::crd::register_builtin();
     let generation = registry::generation();
     let mut docs = DOCS.lock().unwrap_or_else(PoisonError::into_inner);
     match docs.as_ref() {

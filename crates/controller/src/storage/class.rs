@@ -21,7 +21,7 @@
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, ListParams};
+use kube::runtime::reflector::Store;
 use kube::ResourceExt;
 
 /// The default class the API server creates, served by this provisioner.
@@ -114,17 +114,13 @@ pub fn decide(claim_class: Option<&str>, classes: &[StorageClass]) -> Decision {
     }
 }
 
-/// The decision for `pvc`, from the classes the API server has now.
-///
-/// # Errors
-/// When the StorageClasses cannot be listed (a 404, StorageClasses not served, is no class).
-pub async fn resolve(client: &kube::Client, pvc: &PersistentVolumeClaim) -> Result<Decision, kube::Error> {
-    let classes = match Api::<StorageClass>::all(client.clone()).list(&ListParams::default()).await {
-        Ok(list) => list.items,
-        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
-        Err(e) => return Err(e),
-    };
-    Ok(decide(pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()), &classes))
+/// The decision for `pvc`, from the classes the provisioner's watch holds (no request: a
+/// claim's reconcile on the hot-plug path reads nothing from the API server). An API server
+/// that does not serve StorageClasses leaves the store empty: no class.
+#[must_use]
+pub fn resolve(classes: &Store<StorageClass>, pvc: &PersistentVolumeClaim) -> Decision {
+    let classes: Vec<StorageClass> = classes.state().iter().map(|c| c.as_ref().clone()).collect();
+    decide(pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()), &classes)
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::ResourceExt;
 use tracing::Instrument;
@@ -57,6 +57,10 @@ use super::volume::{self, ANN_BIND_COMPLETED, ANN_BOUND_BY_CONTROLLER, ANN_STORA
 use super::{claim_dir, loopdev, requested_bytes, VolumeMode, ANN_DEVICE, ANN_PATH, FINALIZER};
 
 const COMPONENT: &str = "virtplug-provisioner";
+
+/// How long claims wait at start for the StorageClass and PersistentVolume watches' first
+/// lists (an API server that serves neither never gives them).
+const STORES_READY: Duration = Duration::from_secs(10);
 
 /// Errors of one reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +106,10 @@ pub enum ProvisionError {
 struct Ctx {
     client: kube::Client,
     root: PathBuf,
+    /// The StorageClasses and PersistentVolumes as the provisioner's watches last saw them: a
+    /// reconcile reads these, not the API server.
+    classes: Store<StorageClass>,
+    volumes: Store<PersistentVolume>,
 }
 
 fn api_err(claim: &str) -> impl FnOnce(client::UpdateError<client::Never>) -> ProvisionError + '_ {
@@ -276,9 +284,7 @@ impl Claim<'_> {
         // A claim taken before stays this provisioner's whatever its class became since (the
         // default moved, the class was deleted): binding does not depend on the class.
         let taken = bound_before && self.pvc.finalizers().iter().any(|f| f == FINALIZER);
-        let decision = class::resolve(&self.ctx.client, self.pvc)
-            .await
-            .map_err(|e| ProvisionError::Api { claim: self.object.clone(), source: Box::new(e) })?;
+        let decision = class::resolve(&self.ctx.classes, self.pvc);
         let (class, reclaim, assign) = match decision {
             Decision::Serve { class, reclaim, assign } => (class, reclaim, assign),
             // Only reached without a PV (an existing one is kept as it is): as earlier versions.
@@ -364,7 +370,9 @@ impl Claim<'_> {
         let api = self.volumes();
         let name = volume::name_for(&self.uid);
         let verr = |e: kube::Error| ProvisionError::VolumeApi { volume: name.clone(), source: Box::new(e) };
-        let (pv, created) = match api.get_opt(&name).await.map_err(verr)? {
+        // The watch's copy; a PV it has not seen yet is created, and a 409 then reads it.
+        let known = self.ctx.volumes.get(&ObjectRef::new(&name)).map(|pv| pv.as_ref().clone());
+        let (pv, created) = match known {
             Some(pv) => (pv, false),
             None => {
                 let new = volume::build(&volume::NewVolume {
@@ -513,9 +521,15 @@ pub async fn run(client: kube::Client, root: PathBuf) {
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let vmis: Api<VirtualMachineInstance> = Api::all(client.clone());
     // Backoff: an API server that does not serve these kinds answers 404 to every retry.
-    let classes = watcher(Api::<StorageClass>::all(client.clone()), watcher::Config::default()).default_backoff().touched_objects();
-    let pvs = watcher(Api::<PersistentVolume>::all(client.clone()), watcher::Config::default()).default_backoff().touched_objects();
-    let ctx = Arc::new(Ctx { client: client.clone(), root: root.clone() });
+    let (class_store, class_writer) = reflector::store();
+    let (volume_store, volume_writer) = reflector::store();
+    let classes = reflector::reflector(class_writer, watcher(Api::<StorageClass>::all(client.clone()), watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    let pvs = reflector::reflector(volume_writer, watcher(Api::<PersistentVolume>::all(client.clone()), watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    let ctx = Arc::new(Ctx { client: client.clone(), root: root.clone(), classes: class_store.clone(), volumes: volume_store.clone() });
     let controller = Controller::new(pvcs, watcher::Config::default());
     let store = controller.store();
     let claims = controller
@@ -542,5 +556,16 @@ pub async fn run(client: kube::Client, root: PathBuf) {
         })
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});
+    // Claims are reconciled once both stores hold their first list, so a claim naming an
+    // existing class is not told it is missing; an API server without these kinds never
+    // fills them, and the claims go on after the deadline as with no class.
+    let ready = async {
+        let _ = tokio::time::timeout(STORES_READY, async { tokio::join!(class_store.wait_until_ready(), volume_store.wait_until_ready()) })
+            .await;
+    };
+    let claims = async move {
+        ready.await;
+        claims.await;
+    };
     tokio::join!(claims, volume::run(client, root));
 }
