@@ -100,6 +100,9 @@ async fn ssa(api: &Api<DynamicObject>, objs: &[Value], name: &str) -> anyhow::Re
     Ok(Phase { name: name.to_owned(), ms, wall: start.elapsed() })
 }
 
+/// The field manager kubectl's client-side apply names.
+const CSA_MANAGER: &str = "kubectl-client-side-apply";
+
 /// Client-side apply of each object, as kubectl does it.
 async fn csa(api: &Api<DynamicObject>, objs: &[Value], name: &str) -> anyhow::Result<Phase> {
     let (mut ms, start) = (Vec::new(), Instant::now());
@@ -112,7 +115,8 @@ async fn csa(api: &Api<DynamicObject>, objs: &[Value], name: &str) -> anyhow::Re
                 None => {
                     let mut obj = o.clone();
                     obj["metadata"]["annotations"] = json!({"kubectl.kubernetes.io/last-applied-configuration": applied});
-                    api.create(&PostParams::default(), &serde_json::from_value(obj)?).await?;
+                    let pp = PostParams { field_manager: Some(CSA_MANAGER.to_owned()), ..PostParams::default() };
+                    api.create(&pp, &serde_json::from_value(obj)?).await?;
                 }
                 Some(live) => {
                     let last = live.metadata.annotations.as_ref().and_then(|a| a.get("kubectl.kubernetes.io/last-applied-configuration"));
@@ -120,7 +124,8 @@ async fn csa(api: &Api<DynamicObject>, objs: &[Value], name: &str) -> anyhow::Re
                         // The three-way patch of a changed config: the new config plus the annotation.
                         let mut patch = o.clone();
                         patch["metadata"]["annotations"] = json!({"kubectl.kubernetes.io/last-applied-configuration": applied});
-                        api.patch(&n, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                        let pp = PatchParams { field_manager: Some(CSA_MANAGER.to_owned()), ..PatchParams::default() };
+                        api.patch(&n, &pp, &Patch::Merge(&patch)).await?;
                     }
                 }
             }

@@ -27,6 +27,7 @@
 //! - A CRD's names cannot collide with a built-in resource or another CRD (NamesAccepted False).
 
 pub mod columns;
+pub mod scale;
 pub mod schema;
 
 use std::collections::HashMap;

@@ -482,6 +482,10 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
             resources.push(json!({"name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
                                    "kind": r.kind, "verbs": ["get", "patch", "update"]}));
         }
+        if r.crd.is_some_and(|c| c.scale.is_some()) {
+            resources.push(json!({"name": format!("{}/scale", r.plural), "singularName": "", "namespaced": r.namespaced,
+                                   "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"]}));
+        }
     }
     if resources.is_empty() {
         return None;

@@ -103,6 +103,9 @@ pub static ROUTES: &[Route] = &[
     Route::Verb(Method::GET, Shape::Status, |c, r| Box::pin(verbs::get(c, r))),
     Route::Verb(Method::PUT, Shape::Status, |c, r| Box::pin(verbs::replace(c, r))),
     Route::Verb(Method::PATCH, Shape::Status, |c, r| Box::pin(verbs::patch(c, r))),
+    Route::Verb(Method::GET, Shape::Scale, |c, r| Box::pin(crate::crd::scale::get(c, r))),
+    Route::Verb(Method::PUT, Shape::Scale, |c, r| Box::pin(crate::crd::scale::replace(c, r))),
+    Route::Verb(Method::PATCH, Shape::Scale, |c, r| Box::pin(crate::crd::scale::patch(c, r))),
 ];
 
 /// The `method` label of a request: the standard methods by name, anything else `other`.
@@ -246,6 +249,7 @@ fn record_resource(r: &Resource) {
     span.record("route", display(r.template()));
     match r.shape {
         Shape::Status => span.record("resource", display(format_args!("{}/status", r.def.plural))),
+        Shape::Scale => span.record("resource", display(format_args!("{}/scale", r.def.plural))),
         Shape::Collection | Shape::Object => span.record("resource", r.def.plural),
     };
     if let Some(ns) = &r.ns {

@@ -24,6 +24,8 @@ pub enum Shape {
     Object,
     /// `.../{plural}/{name}/status`: its status subresource.
     Status,
+    /// `.../{plural}/{name}/scale`: a custom resource's scale subresource.
+    Scale,
 }
 
 /// A resource path and its query, parsed.
@@ -76,6 +78,7 @@ impl fmt::Display for Template<'_> {
             Shape::Collection => "/{plural}",
             Shape::Object => "/{plural}/{name}",
             Shape::Status => "/{plural}/{name}/status",
+            Shape::Scale => "/{plural}/{name}/scale",
         })
     }
 }
@@ -132,6 +135,7 @@ pub fn parse(segs: &[&str], query: &HashMap<String, String>) -> Result<Resource,
         (None, _) => Shape::Collection,
         (Some(_), None) => Shape::Object,
         (Some(_), Some("status")) if def.status => Shape::Status,
+        (Some(_), Some("scale")) if def.crd.is_some_and(|c| c.scale.is_some()) => Shape::Scale,
         (Some(_), Some(_)) => return Err(ApiError::no_resource()),
     };
     Ok(Resource { def, ns, name, shape, opts })

@@ -206,6 +206,8 @@ async fn every_kubectl_creates_gets_describes_edits_and_deletes_core_objects() {
                 ("pv", pv.as_str(), false),
                 ("sc", sc.as_str(), false),
             ] {
+                let describe: Vec<&str> = if namespaced { vec!["describe", kind, name, "-n", &ns] } else { vec!["describe", kind, name] };
+                assert!(k.ok(&describe).contains(name), "{v}: describe {kind}");
                 let args: Vec<&str> = if namespaced { vec!["delete", kind, name, "-n", &ns] } else { vec!["delete", kind, name] };
                 assert!(k.ok(&args).contains("deleted"), "{v}: delete {kind}");
                 let get: Vec<&str> = if namespaced { vec!["get", kind, name, "-n", &ns] } else { vec!["get", kind, name] };

@@ -43,7 +43,7 @@ spec:
   - name: v1
     served: true
     storage: true
-    subresources: {{status: {{}}}}
+    subresources: {{status: {{}}, scale: {{specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas}}}}
     additionalPrinterColumns:
     - {{name: Size, type: integer, jsonPath: .spec.size}}
     - {{name: Color, type: string, jsonPath: .spec.color}}
@@ -58,6 +58,7 @@ spec:
             properties:
               size: {{type: integer, minimum: 1, description: How big.}}
               color: {{type: string, enum: [red, blue], default: red}}
+              replicas: {{type: integer, default: 1}}
           status:
             type: object
             properties:
@@ -113,7 +114,14 @@ async fn every_kubectl_applies_a_crd_uses_its_objects_and_deletes_it_with_them()
             assert_eq!(row, ["one", "3", "red"], "{v}: {table}");
             assert!(ok(&["get", "all"], None).contains(&format!("{}.example.com/one", kind.to_lowercase())), "{v}: category all");
             let json: serde_json::Value = serde_json::from_str(&ok(&["get", plural, "one", "-o", "json"], None)).unwrap();
-            assert_eq!(json["spec"], serde_json::json!({"size": 3, "color": "red"}), "{v}: pruned and defaulted");
+            assert_eq!(json["spec"], serde_json::json!({"size": 3, "color": "red", "replicas": 1}), "{v}: pruned and defaulted");
+            // The scale subresource: kubectl scale writes spec.replicas through it.
+            ok(&["scale", "--replicas=4", &format!("{plural}/one")], None);
+            let scale: serde_json::Value =
+                serde_json::from_str(&ok(&["get", "--raw", &format!("/apis/example.com/v1/namespaces/default/{plural}/one/scale")], None))
+                    .unwrap();
+            assert_eq!((scale["kind"].as_str(), scale["spec"]["replicas"].as_i64()), (Some("Scale"), Some(4)), "{v}: {scale}");
+            assert_eq!(ok(&["get", plural, "one", "-o", "jsonpath={.spec.replicas}"], None), "4", "{v}");
             let explain = ok(&["explain", &format!("{plural}.spec")], None);
             assert!(explain.contains("What the") && explain.contains("size"), "{v}: {explain}");
 
