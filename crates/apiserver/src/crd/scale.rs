@@ -92,14 +92,11 @@ pub async fn replace(mut c: Call<'_>, r: Resource) -> Result<Response, ApiError>
 /// 415 for other patch types; as [`write`].
 pub async fn patch(mut c: Call<'_>, r: Resource) -> Result<Response, ApiError> {
     let ct = c.header(header::CONTENT_TYPE).to_owned();
-    let kind = match PatchKind::from_content_type(&ct) {
-        Some(k @ (PatchKind::Json | PatchKind::Merge)) => k,
-        _ => {
-            return Err(ApiError::unsupported_media(format!(
-                "the body of the request was in an unknown format ({ct:?}) - accepted media types include: \
-                 application/json-patch+json, application/merge-patch+json"
-            )))
-        }
+    let Some(kind @ (PatchKind::Json | PatchKind::Merge)) = PatchKind::from_content_type(&ct) else {
+        return Err(ApiError::unsupported_media(format!(
+            "the body of the request was in an unknown format ({ct:?}) - accepted media types include: \
+             application/json-patch+json, application/merge-patch+json"
+        )));
     };
     let body = c.body().await?;
     let parsed = Patch::parse(kind, &body)?;
