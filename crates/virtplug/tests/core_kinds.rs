@@ -297,3 +297,41 @@ async fn leases_are_compare_and_swap_and_namespaces_get_a_default_service_accoun
     let err = cms.create(&PostParams::default(), &cm).await.unwrap_err();
     assert!(matches!(err, kube::Error::Api(ref e) if e.code == 422 && e.message.contains("binaryData[k]")), "{err:?}");
 }
+
+/// Every kubectl on the machine, 1.27 to 1.33: namespaces, ConfigMaps and Secrets created, read,
+/// patched and deleted (1.32 and later send the creates as protobuf).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kubectl_version_manages_namespaces_configmaps_and_secrets() {
+    let s = TestServer::start().await;
+    let editor = s.dir.path().join("editor.sh");
+    std::fs::write(&editor, "#!/bin/sh\ntrue\n").unwrap();
+    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let kubeconfig = s.kubeconfig.clone();
+    tokio::task::spawn_blocking(move || {
+        let on_path = Command::new("sh").args(["-c", "readlink -f \"$(command -v kubectl)\""]).output().expect("sh runs");
+        let dir = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim()).parent().expect("a directory").to_owned();
+        let versions: Vec<PathBuf> = (27..=33).map(|m| dir.join(format!("kubectl.1.{m}"))).filter(|p| p.is_file()).collect();
+        assert!(versions.len() >= 2, "kubectl 1.27 and 1.33 are on the machine: {versions:?}");
+        for bin in versions {
+            let k = Kubectl { bin: &bin, kubeconfig: &kubeconfig, editor: &editor };
+            let v = k.name();
+            let ns = format!("v-{}", v.replace(['.', '_'], "-"));
+            k.ok(&["create", "namespace", &ns]);
+            let n = ["-n", ns.as_str()];
+            k.ok(&[&["create", "configmap", "c", "--from-literal=a=1"][..], &n].concat());
+            k.ok(&[&["create", "secret", "generic", "s", "--from-literal=a=1"][..], &n].concat());
+            k.ok(&[&["patch", "configmap", "c", "-p", "{\"data\":{\"b\":\"2\"}}"][..], &n].concat());
+            k.ok(&[&["patch", "secret", "s", "--type=merge", "-p", "{\"stringData\":{\"b\":\"2\"}}"][..], &n].concat());
+            k.ok(&["label", "namespace", &ns, "patched=yes"]);
+            assert_eq!(k.ok(&[&["get", "configmap", "c", "-o", "jsonpath={.data.b}"][..], &n].concat()), "2", "{v}");
+            assert_eq!(k.ok(&[&["get", "secret", "s", "-o", "jsonpath={.data.b}"][..], &n].concat()), "Mg==", "{v}");
+            assert_eq!(k.ok(&["get", "namespace", &ns, "-o", "jsonpath={.metadata.labels.patched}"]), "yes", "{v}");
+            k.ok(&[&["delete", "configmap", "c"][..], &n].concat());
+            k.ok(&[&["delete", "secret", "s"][..], &n].concat());
+            k.ok(&["delete", "namespace", &ns]);
+            assert!(k.fails(&[&["get", "configmap", "c"][..], &n].concat()).contains("NotFound"), "{v}");
+        }
+    })
+    .await
+    .unwrap();
+}
