@@ -8,7 +8,7 @@
 //! `mod_revision`, `/v3/watch`), without TLS.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +19,8 @@ use clap::Parser;
 use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
-use virtplug_bench::waits::{wait_for_line, within};
+use virtplug_bench::apiserver::{self, Proc};
+use virtplug_bench::waits::within;
 
 #[derive(Parser)]
 struct Args {
@@ -39,15 +40,6 @@ struct Args {
     watchers: usize,
 }
 
-/// A child process killed (by PID) when dropped.
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -60,23 +52,6 @@ fn http_client() -> anyhow::Result<reqwest::Client> {
 
 fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
-}
-
-async fn start_virtplug(bin: &Path, dir: &Path) -> anyhow::Result<(Proc, kube::Client)> {
-    let mut child = Command::new(bin)
-        .args(["apiserver", "--data-dir"])
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot start {}", bin.display()))?;
-    let out = child.stdout.take().context("stdout")?;
-    let proc = Proc(child);
-    let what = format!("{} apiserver", bin.display());
-    tokio::task::spawn_blocking(move || wait_for_line(out, "serving", Duration::from_secs(60), &what)).await??;
-    let client = client::connect(Some(&dir.join("kubeconfig"))).await?;
-    Ok((proc, client))
 }
 
 async fn start_etcd(bin: &Path, dir: &Path) -> anyhow::Result<(Proc, String)> {
@@ -289,7 +264,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir()?;
     let (vp_dir, etcd_dir) = (dir.path().join("virtplug"), dir.path().join("etcd"));
-    let (_vp, client) = start_virtplug(&args.virtplug, &vp_dir).await?;
+    let (_vp, client) = apiserver::start(&args.virtplug, &vp_dir).await?;
     let (_etcd, etcd) = start_etcd(&args.etcd, &etcd_dir).await?;
 
     println!("| writers | virtplug updates/s | etcd txn/s | virtplug / etcd |");

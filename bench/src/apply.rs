@@ -9,8 +9,7 @@
 //! PATCH with `application/apply-patch+yaml` per object. Both go through kube-rs over HTTPS on
 //! loopback, sequentially (as kubectl applies a manifest).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -18,7 +17,8 @@ use clap::Parser;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
-use virtplug_bench::waits::{wait_for_line, within};
+use virtplug_bench::apiserver;
+use virtplug_bench::waits::within;
 
 #[derive(Parser)]
 struct Args {
@@ -31,32 +31,6 @@ struct Args {
     /// Times the 100-object manifest is applied (each time with new names, then again unchanged).
     #[arg(long, default_value_t = 5)]
     manifests: usize,
-}
-
-/// A child process killed (by PID) when dropped.
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn start(bin: &Path, dir: &Path) -> anyhow::Result<(Proc, kube::Client)> {
-    let mut child = Command::new(bin)
-        .args(["apiserver", "--data-dir"])
-        .arg(dir)
-        .args(["--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot start {}", bin.display()))?;
-    let out = child.stdout.take().context("stdout")?;
-    let proc = Proc(child);
-    let what = format!("{} apiserver", bin.display());
-    tokio::task::spawn_blocking(move || wait_for_line(out, "serving", Duration::from_secs(60), &what)).await??;
-    let client = client::connect(Some(&dir.join("kubeconfig"))).await?;
-    Ok((proc, client))
 }
 
 fn vm(name: &str, strategy: &str) -> Value {
@@ -141,7 +115,7 @@ async fn csa(api: &Api<DynamicObject>, objs: &[Value], name: &str) -> anyhow::Re
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let dir = tempfile::tempdir()?;
-    let (_server, client) = start(&args.virtplug, dir.path()).await?;
+    let (_server, client) = apiserver::start(&args.virtplug, dir.path()).await?;
     let vm_ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine"), "virtualmachines");
     let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &vm_ar);
     let cm_ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "ConfigMap"), "configmaps");

@@ -1,6 +1,8 @@
 //! What the benchmark harnesses share (their results go to BENCHMARKS.md): CPU time of a
-//! process, deadlines for every wait, and the end-to-end harness's `virtplug up`.
+//! process, deadlines for every wait, `virtplug apiserver` as a peer, and the end-to-end
+//! harness's `virtplug up`.
 
+pub mod apiserver;
 pub mod cputime;
 pub mod up;
 pub mod waits;

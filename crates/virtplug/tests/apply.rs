@@ -6,24 +6,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::kubectl::oldest_newest_and_path as kubectls;
+
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use common::{vm, TestServer};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
-
-/// `kubectl` on PATH, and `kubectl.1.27` and `kubectl.1.33` from its real directory.
-fn kubectls() -> Vec<PathBuf> {
-    let on_path = Command::new("sh").args(["-c", "readlink -f \"$(command -v kubectl)\""]).output().expect("sh runs");
-    let real = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim());
-    assert!(real.is_file(), "kubectl must be on PATH for these tests");
-    let dir = real.parent().expect("kubectl has a directory").to_owned();
-    let mut found = vec![PathBuf::from("kubectl")];
-    found.extend(["kubectl.1.27", "kubectl.1.33"].iter().map(|n| dir.join(n)).filter(|p| p.is_file()));
-    found
-}
 
 fn kubectl(bin: &Path, kubeconfig: &Path, args: &[&str], stdin: &str) -> Output {
     use std::io::Write;

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::kubectl::oldest_newest_and_path as kubectls;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -15,17 +17,6 @@ use common::TestServer;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::api::{Api, PostParams};
-
-/// kubectl 1.27 and 1.33 from the directory of the real `kubectl`, and the one on PATH.
-fn kubectls() -> Vec<PathBuf> {
-    let on_path = Command::new("sh").args(["-c", "readlink -f \"$(command -v kubectl)\""]).output().expect("sh runs");
-    let real = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim());
-    assert!(real.is_file(), "kubectl must be on PATH for these tests");
-    let dir = real.parent().expect("kubectl has a directory").to_owned();
-    let mut found: Vec<PathBuf> = ["kubectl.1.27", "kubectl.1.33"].iter().map(|n| dir.join(n)).filter(|p| p.is_file()).collect();
-    found.push(real);
-    found
-}
 
 struct Kubectl<'a> {
     bin: &'a Path,
@@ -308,9 +299,8 @@ async fn every_kubectl_version_manages_namespaces_configmaps_and_secrets() {
     std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let kubeconfig = s.kubeconfig.clone();
     tokio::task::spawn_blocking(move || {
-        let on_path = Command::new("sh").args(["-c", "readlink -f \"$(command -v kubectl)\""]).output().expect("sh runs");
-        let dir = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim()).parent().expect("a directory").to_owned();
-        let versions: Vec<PathBuf> = (27..=33).map(|m| dir.join(format!("kubectl.1.{m}"))).filter(|p| p.is_file()).collect();
+        let versions: Vec<PathBuf> =
+            common::kubectl::every_version_and_path().into_iter().filter(|p| p.to_string_lossy().contains("kubectl.1.")).collect();
         assert!(versions.len() >= 2, "kubectl 1.27 and 1.33 are on the machine: {versions:?}");
         for bin in versions {
             let k = Kubectl { bin: &bin, kubeconfig: &kubeconfig, editor: &editor };

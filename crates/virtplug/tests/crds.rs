@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::kubectl::oldest_newest_and_path as kubectls;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -18,16 +20,6 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 
 use common::{wait_until, TestServer};
-
-fn kubectls() -> Vec<PathBuf> {
-    let on_path = Command::new("sh").args(["-c", "readlink -f \"$(command -v kubectl)\""]).output().expect("sh runs");
-    let real = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim());
-    assert!(real.is_file(), "kubectl must be on PATH for these tests");
-    let dir = real.parent().expect("kubectl has a directory").to_owned();
-    let mut found: Vec<PathBuf> = ["kubectl.1.27", "kubectl.1.33"].iter().map(|n| dir.join(n)).filter(|p| p.is_file()).collect();
-    found.push(real);
-    found
-}
 
 fn crd(plural: &str, kind: &str) -> String {
     let (singular, short) = (plural.trim_end_matches('s'), &plural[..2]);

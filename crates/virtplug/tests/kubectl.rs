@@ -5,25 +5,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::kubectl::oldest_newest_and_path as kubectls;
+
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::TestServer;
-
-/// The kubectl binaries to test: `kubectl.1.27` and `kubectl.1.33` from the directory of the
-/// real `kubectl`, or whatever of them exists there.
-fn kubectls() -> Vec<PathBuf> {
-    let on_path = Command::new("sh").args(["-c", "readlink -f \"$(command -v kubectl)\""]).output().expect("sh runs");
-    let real = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim());
-    assert!(real.is_file(), "kubectl must be on PATH for these tests");
-    let dir = real.parent().expect("kubectl has a directory").to_owned();
-    let mut found: Vec<PathBuf> = ["kubectl.1.27", "kubectl.1.33"].iter().map(|n| dir.join(n)).filter(|p| p.is_file()).collect();
-    if found.is_empty() {
-        found.push(real);
-    }
-    found
-}
 
 struct Kubectl<'a> {
     bin: &'a Path,

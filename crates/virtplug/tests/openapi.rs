@@ -7,21 +7,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::kubectl::every_version_and_path as kubectls;
+
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use common::TestServer;
-
-/// `kubectl` on PATH and every `kubectl.1.NN` in its directory (absent versions are skipped).
-fn kubectls() -> Vec<PathBuf> {
-    let on_path = Command::new("sh").args(["-c", "readlink -f \"$(command -v kubectl)\""]).output().expect("sh runs");
-    let real = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim());
-    assert!(real.is_file(), "kubectl must be on PATH for these tests");
-    let dir = real.parent().expect("kubectl has a directory").to_owned();
-    let mut found: Vec<PathBuf> = (27..=33).map(|minor| dir.join(format!("kubectl.1.{minor}"))).filter(|p| p.is_file()).collect();
-    found.push(real);
-    found
-}
 
 fn kubectl(bin: &Path, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
     use std::io::Write;

@@ -104,6 +104,7 @@ pub fn fixture(name: &str) -> PathBuf {
 pub mod fakenode;
 pub mod forks;
 pub mod guest;
+pub mod kubectl;
 pub mod vmops;
 
 /// The kubevirt.io resource of `kind` (`VirtualMachine` or `VirtualMachineInstance`), for
