@@ -8,3 +8,13 @@ pub const NMI_REQUESTED: &str = "virtplug.io/nmi-requested";
 pub const NMI_INJECTED: &str = "virtplug.io/nmi-injected";
 /// On a VMI: `ID: why` of the last NMI that could not be injected.
 pub const NMI_FAILED: &str = "virtplug.io/nmi-failed";
+
+/// On a Node: `"true"` while a virtplug node agent runs there and heartbeats, `"false"` once the
+/// controller found its heartbeat stale. The scheduler places VMIs only on `"true"` nodes (KubeVirt's
+/// `kubevirt.io/schedulable`, under virtplug's own name so the two never read each other's).
+pub const NODE_SCHEDULABLE: &str = "virtplug.io/schedulable";
+/// On a Node: the time of the node agent's last heartbeat (RFC 3339, UTC).
+pub const NODE_HEARTBEAT: &str = "virtplug.io/heartbeat";
+/// Kubernetes' taint for a node an administrator has fenced (non-graceful node shutdown): its
+/// workloads are known to be gone, so its VMIs may be failed and started elsewhere.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";

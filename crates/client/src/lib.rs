@@ -13,8 +13,8 @@ mod update;
 
 pub use patch_if::{patch_if, patch_if_seen, PatchIfError, PatchIfOptions, Patched};
 pub use update::{
-    blind_patch, merge_diff, try_update, try_update_status, update, update_from, update_status, update_status_from, BeforeWrite, MetaKey,
-    Never, Object, UpdateError, UpdateOptions, Updated,
+    blind_patch, blind_patch_keys, merge_diff, try_update, try_update_status, update, update_from, update_status, update_status_from,
+    BeforeWrite, MetaKey, Never, Object, UpdateError, UpdateOptions, Updated,
 };
 
 use std::path::{Path, PathBuf};

@@ -380,14 +380,30 @@ pub async fn blind_patch<K>(api: &Api<K>, name: &str, which: MetaKey, key: &str,
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let field = match which {
-        MetaKey::Label => "labels",
-        MetaKey::Annotation => "annotations",
-    };
-    let mut map = Map::new();
-    map.insert(key.to_owned(), value.map_or(Value::Null, |v| Value::String(v.to_owned())));
+    blind_patch_keys(api, name, &[(which, key, value)]).await
+}
+
+/// [`blind_patch`] of several label and annotation keys in one request (a node agent's
+/// heartbeat: its schedulable label and its heartbeat annotation together). The same reasoning
+/// holds: map keys only, no array.
+///
+/// # Errors
+/// The API error.
+pub async fn blind_patch_keys<K>(api: &Api<K>, name: &str, keys: &[(MetaKey, &str, Option<&str>)]) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
     let mut meta = Map::new();
-    meta.insert(field.to_owned(), Value::Object(map));
+    for (which, key, value) in keys {
+        let field = match which {
+            MetaKey::Label => "labels",
+            MetaKey::Annotation => "annotations",
+        };
+        let map = meta.entry(field.to_owned()).or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(map) = map {
+            map.insert((*key).to_owned(), value.map_or(Value::Null, |v| Value::String(v.to_owned())));
+        }
+    }
     let mut body = Map::new();
     body.insert("metadata".to_owned(), Value::Object(meta));
     api.patch(name, &PatchParams::default(), &Patch::Merge(Value::Object(body))).await

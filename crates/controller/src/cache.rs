@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -32,6 +32,8 @@ pub struct Cache {
     pub vmis: Store<VirtualMachineInstance>,
     pub pvcs: Store<PersistentVolumeClaim>,
     pub dvs: Store<DataVolume>,
+    /// Every Node (scheduling, and whether a VMI's node still exists).
+    pub nodes: Store<Node>,
 }
 
 impl Cache {
@@ -39,6 +41,12 @@ impl Cache {
     #[must_use]
     pub fn vmi(&self, ns: &str, name: &str) -> Option<Arc<VirtualMachineInstance>> {
         self.vmis.get(&ObjectRef::new(name).within(ns))
+    }
+
+    /// The Node `name`, if it exists.
+    #[must_use]
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.nodes.get(&ObjectRef::new(name))
     }
 }
 

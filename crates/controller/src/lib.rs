@@ -11,9 +11,11 @@
 
 pub mod cache;
 pub mod hotplug;
+pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
 pub mod migrate;
+pub mod nodes;
 mod reconcile;
 pub mod run;
 pub mod selfheal;

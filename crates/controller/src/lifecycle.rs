@@ -26,12 +26,14 @@
 //!   finalizer [`VMI_FINALIZER`], which the node agent removes once QEMU is gone. A VMI that was
 //!   never scheduled, or whose node is no longer registered, has nothing to wait for: the
 //!   controller removes the finalizer itself.
-//! - Scheduling: a `Ready` node that is not marked `kubevirt.io/schedulable=false`, the one with
-//!   the fewest VMIs; none → the VMI stays `Pending` with `PodScheduled=False/Unschedulable` and
-//!   the VM shows `ErrorUnschedulable`.
+//! - Scheduling ([`schedule`]): a `Ready`, uncordoned node with a heartbeating node agent whose
+//!   taints the VMI tolerates and whose labels match its node selector and required affinity, the
+//!   one with the fewest VMIs; none → the VMI stays `Pending` with
+//!   `PodScheduled=False/Unschedulable` (kube-scheduler's message) and the VM shows
+//!   `ErrorUnschedulable`.
 
 mod act;
-mod schedule;
+pub mod schedule;
 mod vm_status;
 
 use kube::ResourceExt;

@@ -102,7 +102,7 @@ impl Pass<'_> {
         let volumes = lifecycle::volumes(&self.ctx.cache, self.vm);
         let can_start = volumes == lifecycle::Volumes::Ready && spec_cond.is_none();
         let step = lifecycle::decide(self.vm, vmi.as_deref(), can_start);
-        lifecycle::apply(client, self.vm, vmi.as_deref(), &step).await?;
+        lifecycle::apply(client, &self.ctx.cache, self.vm, vmi.as_deref(), &step).await?;
         if step != lifecycle::Step::Nothing {
             return Ok(Action::await_change()); // the step's write wakes the next pass
         }

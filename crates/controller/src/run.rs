@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -37,6 +37,9 @@ pub struct Config {
     /// deployment). `None` in cluster mode, where a CSI driver and CDI do that.
     pub storage_root: Option<PathBuf>,
     pub import: ImportConfig,
+    /// A node whose agent has not heartbeated for this long is taken out of scheduling
+    /// ([`crate::nodes`]; default [`crate::nodes::DEFAULT_HEARTBEAT_TIMEOUT`]).
+    pub node_heartbeat_timeout: Option<Duration>,
 }
 
 // kube-runtime's error policy signature takes the object by value.
@@ -85,6 +88,19 @@ fn vms_using(store: &Store<VirtualMachine>, ns: &str, claim: &str) -> Vec<Object
         .collect()
 }
 
+/// The VMs a Node change may unblock: those whose VMI waits for a node, and those whose VMI is
+/// being deleted from this node (a fenced or removed node releases its finalizer).
+fn vms_waiting_for(vmis: &Store<VirtualMachineInstance>, node: &str) -> Vec<ObjectRef<VirtualMachine>> {
+    vmis.state()
+        .iter()
+        .filter(|v| {
+            let on = v.status.as_ref().and_then(|s| s.node_name.as_deref());
+            (on.is_none() && v.metadata.deletion_timestamp.is_none()) || (on == Some(node) && v.metadata.deletion_timestamp.is_some())
+        })
+        .map(|v| ObjectRef::new(&v.name_any()).within(&v.namespace().unwrap_or_default()))
+        .collect()
+}
+
 /// A watch of every `K` that fills a store as it goes: the store, and the stream of touched
 /// objects for [`Controller::watches_stream`].
 fn stored<K>(client: &kube::Client) -> (Store<K>, impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static)
@@ -112,15 +128,19 @@ pub async fn run_with(client: kube::Client, config: Config) {
     let (vmis, vmi_events) = stored::<VirtualMachineInstance>(&client);
     let (pvcs, pvc_events) = stored::<PersistentVolumeClaim>(&client);
     let (dvs, dv_events) = stored::<DataVolume>(&client);
+    let (nodes, node_events) = stored::<Node>(&client);
+    let timeout = config.node_heartbeat_timeout.unwrap_or(crate::nodes::DEFAULT_HEARTBEAT_TIMEOUT);
+    tasks.spawn(crate::nodes::run(client.clone(), timeout));
     let controller = Controller::new(Api::<VirtualMachine>::all(client.clone()), watcher::Config::default());
-    let (s1, s2) = (controller.store(), controller.store());
-    let cache = Cache { vms: controller.store(), vmis, pvcs, dvs };
+    let (s1, s2, s3) = (controller.store(), controller.store(), vmis.clone());
+    let cache = Cache { vms: controller.store(), vmis, pvcs, dvs, nodes };
     let ctx = Arc::new(Ctx { client, legacy_volume_requests: config.legacy_volume_requests, cache });
     controller
         // A VMI wakes the VM of the same name (its owner in KubeVirt's naming).
         .watches_stream(vmi_events, |vmi| Some(ObjectRef::new(&vmi.name_any()).within(&vmi.namespace().unwrap_or_default())))
         .watches_stream(pvc_events, move |p| vms_using(&s1, &p.namespace().unwrap_or_default(), &p.name_any()))
         .watches_stream(dv_events, move |d| vms_using(&s2, &d.namespace().unwrap_or_default(), &d.name_any()))
+        .watches_stream(node_events, move |n| vms_waiting_for(&s3, &n.name_any()))
         .run(guarded_reconcile, error_policy, ctx)
         .for_each(|_| async {})
         .await;

@@ -1,9 +1,12 @@
-//! The node agent's top level: register the node, watch the VMIs assigned to it, run one
+//! The node agent's top level: heartbeat on its Node, watch the VMIs assigned to it, run one
 //! [`worker`](crate::worker) per VMI, and after a restart adopt the QEMUs it left running.
 //!
 //! # Flow
-//! 1. The Node object is created (or its status refreshed) with `Ready=True`, so the controller
-//!    can schedule onto it.
+//! 1. Every heartbeat interval the agent patches two keys on its Node (KubeVirt's model): the label
+//!    [`NODE_SCHEDULABLE`]`=true` and the annotation [`NODE_HEARTBEAT`]`=<now>`. It never creates
+//!    the Node nor writes its status: both are the kubelet's (in `up`, its stand-in's). The
+//!    controller takes a node whose heartbeat went stale out of scheduling ([`controller::nodes`]
+//!    in the controller crate).
 //! 2. VMIs are watched with the label `kubevirt.io/nodeName=NODE` (set by the controller with
 //!    `status.nodeName`); each VMI UID gets a worker that owns its QEMU and QMP connection and
 //!    receives every new version of the VMI.
@@ -23,26 +26,21 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
-use serde_json::json;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use api::annotations::{NODE_HEARTBEAT, NODE_SCHEDULABLE};
 use api::{DataVolume, VirtualMachineInstance};
+use client::MetaKey;
 
 pub use crate::config::{Config, Shared};
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("cannot register node {node}")]
-    Register {
-        node: String,
-        #[source]
-        source: kube::Error,
-    },
     #[error("cannot create the state dir {path}")]
     StateDir {
         path: PathBuf,
@@ -51,30 +49,56 @@ pub enum AgentError {
     },
 }
 
-/// Creates or refreshes the Node object with `Ready=True`.
+/// One heartbeat: the schedulable label and the heartbeat annotation on the Node, in one merge
+/// patch of two map keys (nothing else on the Node is touched).
 ///
 /// # Errors
-/// When the API refuses.
-pub async fn register(client: &kube::Client, name: &str, accel: &str) -> Result<(), kube::Error> {
+/// When the API refuses (404: the Node is not registered).
+pub async fn heartbeat(client: &kube::Client, node: &str) -> Result<(), kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
-    if nodes.get_opt(name).await?.is_none() {
-        let node: Node = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubevirt.io/schedulable": "true", "kubernetes.io/hostname": name}}}))
-        .map_err(kube::Error::SerdeError)?;
-        match nodes.create(&PostParams::default(), &node).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e),
-        }
-    }
     let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-    // A status-only merge patch of fields only the agent writes (no array is shared).
-    let status = json!({"status": {
-        "conditions": [{"type": "Ready", "status": "True", "reason": "NodeAgentReady", "message": format!("virtplug node agent is running ({accel})"),
-                        "lastHeartbeatTime": now, "lastTransitionTime": now}],
-        "nodeInfo": {"kubeletVersion": format!("virtplug-{}", env!("CARGO_PKG_VERSION")), "architecture": "amd64", "operatingSystem": "linux"}}});
-    nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await?;
-    Ok(())
+    client::blind_patch_keys(
+        &nodes,
+        node,
+        &[(MetaKey::Label, NODE_SCHEDULABLE, Some("true")), (MetaKey::Annotation, NODE_HEARTBEAT, Some(&now))],
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Heartbeats every `interval` until the agent stops. A missing Node is said once per outage
+/// (the kubelet registers it; `up` does for its node) and tried again at the next beat.
+fn heartbeats(shared: Arc<Shared>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let node = shared.config.node_name.clone();
+        let mut failing = false;
+        let mut tick = tokio::time::interval(shared.config.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match heartbeat(&shared.client, &node).await {
+                Ok(()) if failing => {
+                    tracing::info!("node {node}: heartbeat sent again");
+                    failing = false;
+                }
+                Ok(()) => {}
+                Err(e) if !failing => {
+                    let hint = if matches!(&e, kube::Error::Api(s) if s.code == 404) {
+                        " (the Node does not exist: the kubelet registers it, `virtplug up` does for its node, `virtplug node --register-node` stands in for a kubelet)"
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(
+                        "node {node}: cannot send the heartbeat{hint}: {}; retrying every {:?}",
+                        client::error_chain(&e),
+                        shared.config.heartbeat_interval
+                    );
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+        }
+    })
 }
 
 /// A VMI's worker: the channel that hands it every new version of its VMI, and its task.
@@ -107,6 +131,7 @@ impl Drop for Task {
 /// When the node cannot be registered or the state dir created.
 pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError> {
     let shared = start(client, config).await?;
+    let _heartbeats = Task(heartbeats(Arc::clone(&shared)));
     let _storage = Task(watch_storage(Arc::clone(&shared)));
     let _mounts = Task(watch_mounts(Arc::clone(&shared)));
     let vmis_dir = shared.config.state_dir.join("vmis");
@@ -116,7 +141,7 @@ pub async fn run(client: kube::Client, config: Config) -> Result<(), AgentError>
 }
 
 /// The agent's start: its state dir, the accelerator, bind-mount mode's shared storage root
-/// (off the async threads: files and a mount), then the Node object.
+/// (off the async threads: files and a mount).
 async fn start(client: kube::Client, config: Config) -> Result<Arc<Shared>, AgentError> {
     let host = Arc::new(crate::bindmount::Host { helper: config.mount_helper.clone() });
     let prepared = {
@@ -131,9 +156,6 @@ async fn start(client: kube::Client, config: Config) -> Result<Arc<Shared>, Agen
         }
     };
     tracing::info!("node {}: QEMU accelerator {:?} ({})", config.node_name, choice.accel, choice.reason);
-    register(&client, &config.node_name, &choice.reason)
-        .await
-        .map_err(|source| AgentError::Register { node: config.node_name.clone(), source })?;
     Ok(Arc::new(Shared { client, config, accel: choice.accel, storage_changed: watch::Sender::new(0), host }))
 }
 

@@ -15,6 +15,9 @@ use crate::backoff::Backoff;
 #[derive(Clone, Debug)]
 pub struct Config {
     pub node_name: String,
+    /// How often the agent heartbeats on its Node (default 60 s, KubeVirt's; the controller's
+    /// timeout must be a few intervals longer).
+    pub heartbeat_interval: Duration,
     /// Run dirs of the VMs (`STATE/vmis/<uid>/`: QMP socket, serial log, pidfile, record).
     pub state_dir: PathBuf,
     /// Where the local provisioner keeps claims (`ROOT/<claim uid>/`).
@@ -58,6 +61,7 @@ impl Config {
     pub fn new(node_name: &str, data_dir: &std::path::Path) -> Config {
         Config {
             node_name: node_name.to_owned(),
+            heartbeat_interval: Duration::from_secs(60),
             state_dir: data_dir.join("node"),
             storage_root: data_dir.join("storage"),
             accel: qemu::accel::Accel::Auto,

@@ -2,8 +2,10 @@
 //! component or talk to a running one.
 
 mod cli;
+mod endpoints;
 mod growth_flags;
 mod import_flags;
+mod kubelet_standin;
 mod migrate;
 mod mode_flags;
 mod qemu_flags;

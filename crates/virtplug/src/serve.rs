@@ -175,9 +175,24 @@ fn preflight(accel: qemu::accel::Accel, mode: node::bindmount::AttachMode) -> an
 /// Arguments of `virtplug node`.
 #[derive(Args)]
 pub struct NodeArgs {
-    /// This node's name (what VMIs are scheduled onto) [default: the host name].
-    #[arg(long)]
+    /// This node's name, as the kubelet registered it (in a DaemonSet: `NODE_NAME` from the
+    /// downward API's `spec.nodeName`) [default: the host name].
+    #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+    /// Create the Node and set it Ready, as a kubelet would, where no kubelet runs (single
+    /// machine without `up`). Never on a cluster: the Node is the kubelet's.
+    #[arg(long)]
+    register_node: bool,
+    /// How often to heartbeat on the Node (the controller's --node-heartbeat-timeout must be a
+    /// few intervals longer).
+    #[arg(long, default_value = "60s", value_parser = crate::cli::humantime)]
+    heartbeat_interval: Duration,
+    /// The kubelet's pods dir, where attachment pods' volumes are found (cluster mode).
+    #[arg(long, default_value = "/var/lib/kubelet/pods")]
+    kubelet_pods_dir: PathBuf,
+    /// Serve /healthz, /readyz and /metrics (plain HTTP) on this address.
+    #[arg(long, default_value = "127.0.0.1:8186")]
+    health_listen: SocketAddr,
     /// Kubeconfig [default: $KUBECONFIG, ~/.kube/config, in-cluster].
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -222,32 +237,50 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     if let Some(root) = args.storage_root {
         config.storage_root = root;
     }
+    config.heartbeat_interval = args.heartbeat_interval;
+    config.kubelet_pods_dir = args.kubelet_pods_dir;
+    if args.register_node {
+        crate::kubelet_standin::register(&client, &config.node_name)
+            .await
+            .with_context(|| format!("--register-node: cannot register node {}", config.node_name))?;
+    }
     config.accel = args.accel.into();
     config.vm_nice = args.vm_nice;
     config.mode = args.attach_mode.into();
     config.caps = args.caps.caps();
     args.qemu.check(config.mode)?;
     args.qemu.apply(&mut config, &data_dir);
+    let health = Health::new();
+    let state = crate::endpoints::State { health: health.clone(), leading: None, registry: component_registry() };
+    let endpoints = crate::endpoints::serve(args.health_listen, state).await?;
     eprintln!(
-        "virtplug node {}: running VMs from {} (Ctrl-C stops the agent; VMs keep running)",
+        "virtplug node {}: running VMs from {} (/healthz, /readyz, /metrics on http://{endpoints}; SIGTERM or Ctrl-C stops the agent, VMs keep running)",
         config.node_name,
         config.state_dir.display()
     );
-    let health = Health::new();
     health.spawn(NODE_AGENT, node::agent::run(client, config));
-    until_death_or_sigint(&health).await
+    until_death_or_signal(&health).await
+}
+
+/// The metrics of a controller or node process (its component's and its API client's).
+fn component_registry() -> apiserver::metrics::SharedRegistry {
+    let mut r = prometheus_client::registry::Registry::default();
+    client::metrics::register(&mut r);
+    controller::metrics::register(&mut r);
+    node::metrics::register(&mut r);
+    std::sync::Arc::new(std::sync::Mutex::new(r))
 }
 
 /// Component names in the health registry (and in `up`'s exit message).
 const CONTROLLER: &str = "controller";
 const NODE_AGENT: &str = "node-agent";
 
-/// Waits for SIGINT (`Ok`) or for a component in `health` to die (`Err` naming it and why: the
-/// process exits non-zero, so whatever supervises it restarts it).
-async fn until_death_or_sigint(health: &Health) -> anyhow::Result<()> {
+/// Waits for SIGINT or SIGTERM (`Ok`) or for a component in `health` to die (`Err` naming it
+/// and why: the process exits non-zero, so whatever supervises it restarts it).
+async fn until_death_or_signal(health: &Health) -> anyhow::Result<()> {
     tokio::select! {
         f = health.first_failure() => Err(anyhow::anyhow!("the {f}")),
-        r = tokio::signal::ctrl_c() => r.context("cannot wait for SIGINT"),
+        r = signals() => r,
     }
 }
 
@@ -267,6 +300,26 @@ pub struct ControllerArgs {
     legacy_volume_requests: bool,
     #[command(flatten)]
     import: crate::import_flags::ImportArgs,
+    /// Take a node out of scheduling when its agent has not heartbeated for this long.
+    #[arg(long, default_value = "5m", value_parser = crate::cli::humantime)]
+    node_heartbeat_timeout: Duration,
+    /// Run only while holding the Lease `virtplug-controller` (several replicas: one works, the
+    /// others stand by). `--leader-elect=false` for a single replica.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// The namespace of the Lease [default: $POD_NAMESPACE, else virtplug-system].
+    #[arg(long, env = "POD_NAMESPACE", default_value = "virtplug-system")]
+    leader_election_namespace: String,
+    /// This replica's name in the Lease [default: $POD_NAME, else HOST_PID].
+    #[arg(long, env = "POD_NAME")]
+    leader_election_identity: Option<String>,
+    /// Lease duration; renewals stop working after 2/3 of it, retries every 2/15 of it
+    /// (KubeVirt's 15 s / 10 s / 2 s).
+    #[arg(long, default_value = "15s", value_parser = crate::cli::humantime)]
+    leader_election_lease: Duration,
+    /// Serve /healthz, /readyz and /metrics (plain HTTP) on this address.
+    #[arg(long, default_value = "127.0.0.1:8185")]
+    health_listen: SocketAddr,
 }
 
 pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
@@ -317,17 +370,62 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         legacy_volume_requests: args.legacy_volume_requests,
         storage_root: args.storage_root.clone(),
         import: args.import.config()?,
+        node_heartbeat_timeout: Some(args.node_heartbeat_timeout),
     };
-    match &args.storage_root {
-        Some(root) => eprintln!("virtplug controller: running (local storage under {}; Ctrl-C to stop)", root.display()),
-        None => eprintln!("virtplug controller: running (no local storage; Ctrl-C to stop)"),
-    }
     let health = Health::new();
+    let (leading_tx, leading_rx) = tokio::sync::watch::channel(false);
+    let state = crate::endpoints::State {
+        health: health.clone(),
+        leading: args.leader_elect.then_some(leading_rx),
+        registry: component_registry(),
+    };
+    let endpoints = crate::endpoints::serve(args.health_listen, state).await?;
+    let storage = args.storage_root.as_ref().map_or("no local storage".to_owned(), |r| format!("local storage under {}", r.display()));
+    eprintln!("virtplug controller: running ({storage}; /healthz, /readyz, /metrics on http://{endpoints}; SIGTERM or Ctrl-C stops it)");
+    let elector = args.leader_elect.then(|| {
+        let identity = args.leader_election_identity.clone().unwrap_or_else(|| format!("{}_{}", host_name(), std::process::id()));
+        let lease = args.leader_election_lease;
+        let timings = controller::leader::Timings { lease_duration: lease, renew_deadline: lease * 2 / 3, retry_period: lease * 2 / 15 };
+        eprintln!(
+            "virtplug controller: leader election on Lease {}/{} as {identity}",
+            args.leader_election_namespace,
+            controller::leader::LEASE_NAME
+        );
+        std::sync::Arc::new(controller::leader::Elector::new(
+            client.clone(),
+            &args.leader_election_namespace,
+            controller::leader::LEASE_NAME,
+            &identity,
+            timings,
+        ))
+    });
+    let task_elector = elector.clone();
     health.spawn(CONTROLLER, async move {
-        controller::run::run_with(client, config).await;
+        match task_elector {
+            Some(elector) => {
+                controller::leader::run_while_leading(&elector, &leading_tx, || {
+                    controller::metrics::leader().set(1);
+                    let (client, config) = (client.clone(), config.clone());
+                    async move {
+                        controller::run::run_with(client, config).await;
+                        controller::metrics::leader().set(0);
+                    }
+                })
+                .await;
+            }
+            None => {
+                controller::metrics::leader().set(1);
+                controller::run::run_with(client, config).await;
+            }
+        }
         Ok::<(), Infallible>(())
     });
-    until_death_or_sigint(&health).await
+    let r = until_death_or_signal(&health).await;
+    if let Some(e) = elector {
+        // Hand over at once instead of after the lease expires.
+        e.release().await;
+    }
+    r
 }
 
 /// The controller's and node agent's tasks of `up`, and their in-process client.
@@ -352,12 +450,19 @@ fn start_components(server: &apiserver::Server, config: &apiserver::Config, up: 
         Ok::<(), Infallible>(())
     });
     let mut node_config = node::agent::Config::new(&up.node_name, &config.data_dir);
+    let (standin_client, node_name) = (client.clone(), up.node_name.clone());
     node_config.accel = up.accel;
     node_config.vm_nice = up.vm_nice;
     node_config.mode = up.attach_mode;
     node_config.caps = up.caps;
     up.qemu.apply(&mut node_config, &config.data_dir);
-    let agent = server.health().spawn(NODE_AGENT, node::agent::run(client.clone(), node_config));
+    let agent = server.health().spawn(NODE_AGENT, async move {
+        // `up` has no kubelet: its stand-in registers the one node before the agent runs there.
+        crate::kubelet_standin::register(&standin_client, &node_name)
+            .await
+            .map_err(|e| std::io::Error::other(format!("cannot register node {node_name}: {}", client::error_chain(&e))))?;
+        node::agent::run(standin_client, node_config).await.map_err(std::io::Error::other)
+    });
     Components { client, tasks: vec![controller, agent] }
 }
 

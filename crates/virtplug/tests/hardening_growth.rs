@@ -163,6 +163,7 @@ impl Agent {
         config.caps = caps;
         config.kubelet_pods_dir = dir.path().join("pods");
         let client = client::in_process(s.server.local_router());
+        common::fakenode::kubelet(&client, "node-t").await;
         let task = tokio::spawn(async move { node::agent::run(client, config).await.unwrap() });
         Agent { s, dir, task }
     }

@@ -86,6 +86,7 @@ async fn a_host_file_outside_the_allowed_dirs_never_reaches_qemu() {
     let mut config = node::agent::Config::new("node-t", dir.path());
     config.accel = qemu::accel::Accel::Tcg;
     let agent_client = client::in_process(s.server.local_router());
+    common::fakenode::kubelet(&agent_client, "node-t").await;
     let agent = tokio::spawn(async move { node::agent::run(agent_client, config).await });
     let _guard = Abort(vec![ctl.abort_handle(), agent.abort_handle()]);
 

@@ -251,6 +251,54 @@ async fn no_node_means_unschedulable_and_a_node_arriving_schedules_it() {
     assert_eq!(e.running_vmi("u").await.status.unwrap().node_name.as_deref(), Some("node-b"));
 }
 
+/// kube-scheduler's filters on the VMI: a tainted node is skipped (the message says why, in
+/// kube-scheduler's words), a node arriving later schedules the waiting VMI with no other nudge,
+/// a cordoned node is skipped, and a toleration or node selector is honoured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduling_honours_taints_cordons_selectors_and_wakes_on_a_new_node() {
+    let e = env().await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(e.s.client.clone());
+    let _tainted = common::fakenode::start(&e.s.client, "tainted").await;
+    let taint = json!({"spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}});
+    nodes.patch("tainted", &PatchParams::default(), &Patch::Merge(&taint)).await.unwrap();
+    e.create(vm("t", "Always")).await;
+    e.printable("t", "ErrorUnschedulable").await;
+    let vmis = e.vmis.clone();
+    let msg = common::wait_until(T, "the VMI's PodScheduled message to name the taint", || {
+        let vmis = vmis.clone();
+        async move {
+            let v = vmis.get_opt("t").await.ok().flatten()?;
+            let c = v.status?.conditions.into_iter().find(|c| c.type_ == "PodScheduled")?;
+            c.message.filter(|m| m.contains("untolerated taint {dedicated: db}"))
+        }
+    })
+    .await;
+    assert!(msg.starts_with("0/1 nodes are available"), "{msg}");
+
+    let _plain = common::fakenode::start(&e.s.client, "plain").await;
+    assert_eq!(e.running_vmi("t").await.status.unwrap().node_name.as_deref(), Some("plain"), "the new node woke the waiting VMI");
+
+    // Cordon "plain": a new VM goes nowhere; a toleration sends it to "tainted".
+    nodes.patch("plain", &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true}}))).await.unwrap();
+    let mut tolerant = vm("tol", "Always");
+    tolerant.spec.template.spec.as_mut().unwrap().extra.insert("tolerations".into(), json!([{"key": "dedicated", "operator": "Exists"}]));
+    e.create(tolerant).await;
+    assert_eq!(e.running_vmi("tol").await.status.unwrap().node_name.as_deref(), Some("tainted"));
+    let mut selected = vm("sel", "Always");
+    selected.spec.template.spec.as_mut().unwrap().extra.insert("nodeSelector".into(), json!({"kubernetes.io/hostname": "plain"}));
+    e.create(selected).await;
+    e.printable("sel", "ErrorUnschedulable").await;
+    nodes
+        .patch(
+            "plain",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"kubernetes.io/hostname": "plain"}}, "spec": {"unschedulable": null}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(e.running_vmi("sel").await.status.unwrap().node_name.as_deref(), Some("plain"), "uncordoned and labelled: scheduled");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_waits_for_its_volumes_and_restart_keeps_a_pending_hotplug() {
     let e = env().await;

@@ -135,6 +135,7 @@ impl Env {
         }
         let client = client::in_process(self.s.server.local_router());
         self.agent = Some(tokio::spawn(async move {
+            common::fakenode::kubelet(&client, "node-t").await;
             node::agent::run(client, config).await.unwrap();
         }));
     }

@@ -1,7 +1,6 @@
 //! Carrying out a lifecycle [`Step`]: create or delete the VMI, drop a request, halt; the
 //! VM's DataVolumes from its templates.
 
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::{Resource, ResourceExt};
@@ -12,7 +11,7 @@ use api::phases::StateChangeAction;
 use api::{DataVolume, VirtualMachine, VirtualMachineInstance};
 
 use super::{api_err, deleting, schedule::schedule, LifecycleError, Step, VMI_FINALIZER, VM_LABEL};
-use crate::cache::Lookup;
+use crate::cache::{Cache, Lookup};
 
 /// Creates the DataVolumes of `spec.dataVolumeTemplates` that do not exist (not in `lookup`),
 /// owned by the VM.
@@ -100,6 +99,7 @@ async fn consume_boot_once(vms: &Api<VirtualMachine>, vm: &VirtualMachine, objec
 /// When a write fails.
 pub async fn apply(
     client: &kube::Client,
+    cache: &Cache,
     vm: &VirtualMachine,
     vmi: Option<&VirtualMachineInstance>,
     step: &Step,
@@ -168,24 +168,32 @@ pub async fn apply(
         }
     }
     if let Some(v) = vmi {
-        release_orphan_finalizer(client, v).await.map_err(api_err(&object, "release its VMI's finalizer"))?;
-        schedule(client, v).await?;
+        release_orphan_finalizer(client, cache, v).await.map_err(api_err(&object, "release its VMI's finalizer"))?;
+        schedule(client, cache, v).await?;
     }
     Ok(())
 }
 
 /// Removes [`VMI_FINALIZER`] from a deleting VMI that no node agent will ever finish: never
-/// scheduled, or scheduled onto a node that is no longer registered.
+/// scheduled, scheduled onto a node that is no longer registered, or onto a fenced node
+/// ([`crate::nodes::fenced`]) whose agent is gone (its QEMU went with the machine).
 async fn release_orphan_finalizer(
     client: &kube::Client,
+    cache: &Cache,
     vmi: &VirtualMachineInstance,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     if !deleting(vmi) || !vmi.finalizers().iter().any(|f| f == VMI_FINALIZER) {
         return Ok(());
     }
     if let Some(node) = vmi.status.as_ref().and_then(|s| s.node_name.as_deref()) {
-        let nodes: Api<Node> = Api::all(client.clone());
-        if nodes.get_opt(node).await?.is_some() {
+        // The store first; a GET confirms before a finalizer is released on its word.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        let gone_or_fenced = |n: Option<&k8s_openapi::api::core::v1::Node>| {
+            n.is_none_or(|n| {
+                crate::nodes::fenced(n) && n.labels().get(api::annotations::NODE_SCHEDULABLE).map(String::as_str) != Some("true")
+            })
+        };
+        if !gone_or_fenced(cache.node(node).as_deref()) || !gone_or_fenced(nodes.get_opt(node).await?.as_ref()) {
             return Ok(()); // its node agent stops QEMU and removes the finalizer
         }
     }

@@ -1,0 +1,331 @@
+//! Cluster mode on one machine: `virtplug apiserver`, `virtplug controller` and `virtplug node`
+//! as separate processes, as they run on Kubernetes (Deployment, DaemonSet).
+//!
+//! STAND-INS (no real cluster here): the kubelet's node registration and conditions are written
+//! by the test (`common::fakenode::kubelet` and the `KubeletReady`/`MemoryPressure` conditions
+//! below); where no guest is needed, `common::fakenode` plays the node agent. Everything else is
+//! the real binary: leader election on a real Lease, real heartbeats, real QEMU (TCG) guests.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+use api::{VirtualMachine, VirtualMachineInstance};
+
+const T: Duration = Duration::from_secs(60);
+const BOOT: Duration = Duration::from_secs(180);
+
+/// A child process, killed by its PID when dropped (even when the test fails); its output lines
+/// are kept for the test to wait on.
+struct Proc {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    fn start(args: &[&str]) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_virtplug"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("virtplug starts");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        for out in [Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, Box::new(child.stderr.take().unwrap())] {
+            let lines = Arc::clone(&lines);
+            std::thread::spawn(move || {
+                for l in BufReader::new(out).lines().map_while(Result::ok) {
+                    lines.lock().unwrap().push(l);
+                }
+            });
+        }
+        Proc { child, lines }
+    }
+
+    /// The first output line containing `pat`, waited for.
+    async fn line(&self, pat: &str, what: &str) -> String {
+        let lines = Arc::clone(&self.lines);
+        common::wait_until(T, what, || {
+            let l = lines.lock().unwrap().iter().find(|l| l.contains(pat)).cloned();
+            async move { l }
+        })
+        .await
+    }
+
+    /// The health endpoint's address, from the start-up line.
+    async fn health_url(&self) -> String {
+        let l = self.line("/healthz, /readyz, /metrics on http://", "the health endpoint's address").await;
+        let url = l.split("on http://").nth(1).unwrap().split(';').next().unwrap();
+        format!("http://{url}")
+    }
+
+    fn pid(&self) -> rustix::process::Pid {
+        rustix::process::Pid::from_raw(i32::try_from(self.child.id()).unwrap()).unwrap()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn output(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    _api: Proc,
+    client: kube::Client,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("api");
+        let api = Proc::start(&["apiserver", "--data-dir", data.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+        api.line("serving the Kubernetes API at https://127.0.0.1:", "the API server to serve").await;
+        let client = client::connect(Some(&data.join("kubeconfig"))).await.unwrap();
+        Cluster { dir, _api: api, client }
+    }
+
+    fn kubeconfig(&self) -> String {
+        self.dir.path().join("api/kubeconfig").to_str().unwrap().to_owned()
+    }
+
+    fn controller(&self, identity: &str, extra: &[&str]) -> Proc {
+        let kc = self.kubeconfig();
+        let mut args = vec!["controller", "--kubeconfig", &kc, "--health-listen", "127.0.0.1:0", "--leader-election-identity", identity];
+        args.extend(extra);
+        Proc::start(&args)
+    }
+
+    fn node(&self, name: &str) -> Proc {
+        let kc = self.kubeconfig();
+        let data = self.dir.path().join(name);
+        Proc::start(&[
+            "node",
+            "--kubeconfig",
+            &kc,
+            "--node-name",
+            name,
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--heartbeat-interval",
+            "1s",
+            "--health-listen",
+            "127.0.0.1:0",
+            "--accel",
+            "tcg",
+        ])
+    }
+
+    async fn lease_holder(&self) -> Option<(String, i32)> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), "virtplug-system");
+        let spec = leases.get_opt(controller::leader::LEASE_NAME).await.ok().flatten()?.spec?;
+        Some((spec.holder_identity.filter(|h| !h.is_empty())?, spec.lease_transitions.unwrap_or(0)))
+    }
+
+    async fn running(&self, name: &str, deadline: Duration) -> VirtualMachineInstance {
+        let vmis: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), "default");
+        common::wait_until(deadline, &format!("VMI {name} to run"), || {
+            let vmis = vmis.clone();
+            async move { vmis.get_opt(name).await.ok().flatten().filter(VirtualMachineInstance::is_running) }
+        })
+        .await
+    }
+}
+
+async fn get(url: &str) -> (u16, String) {
+    let r = reqwest::get(url).await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+fn vm(name: &str) -> VirtualMachine {
+    let mut v = common::vm(name);
+    v["spec"]["runStrategy"] = json!("Always");
+    serde_json::from_value(v).unwrap()
+}
+
+/// A VM booting the test guest (no volumes), on the node `node` if given.
+fn guest_vm(name: &str, node: Option<&str>) -> VirtualMachine {
+    let g = common::guest::guest_dir();
+    let mut spec = json!({"terminationGracePeriodSeconds": 1,
+        "domain": {"resources": {"requests": {"memory": "200Mi"}},
+                   "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable",
+                       "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}}});
+    if let Some(n) = node {
+        spec["nodeSelector"] = json!({"kubernetes.io/hostname": n});
+    }
+    serde_json::from_value(
+        json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"runStrategy": "Always", "template": {"spec": spec}}}),
+    )
+    .unwrap()
+}
+
+/// Two controller replicas: exactly one leads (Lease, /readyz, the leader metric); after
+/// `kill -9` of the leader the other takes over within the lease time, keeps the running VMI as
+/// it is (no re-creation, no rewrite), and works; SIGTERM releases the Lease at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_controllers_one_leader_and_a_takeover_without_flip_flops() {
+    let c = Cluster::start().await;
+    let _n1 = common::fakenode::start(&c.client, "n1").await;
+    let lease = ["--leader-election-lease", "3s"];
+    let mut procs = [c.controller("c1", &lease), c.controller("c2", &lease)];
+    let (leader, transitions) = common::wait_until(T, "a controller to hold the Lease", || c.lease_holder()).await;
+    assert_eq!(transitions, 0);
+    let (li, si) = if leader == "c1" { (0, 1) } else { (1, 0) };
+    let (lurl, surl) = (procs[li].health_url().await, procs[si].health_url().await);
+    assert_eq!(get(&format!("{lurl}/readyz")).await, (200, "ok (leader)\n".to_owned()));
+    assert_eq!(get(&format!("{surl}/readyz")).await, (200, "ok (standby: another replica leads)\n".to_owned()));
+    assert!(get(&format!("{lurl}/metrics")).await.1.contains("virtplug_controller_leader 1"));
+    assert!(get(&format!("{surl}/metrics")).await.1.contains("virtplug_controller_leader 0"));
+
+    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
+    vms.create(&PostParams::default(), &vm("a")).await.unwrap();
+    let before = c.running("a", T).await;
+
+    procs[li].kill9();
+    let other = if leader == "c1" { "c2" } else { "c1" };
+    let (now, transitions) = common::wait_until(Duration::from_secs(20), "the standby to take the Lease over", || async {
+        c.lease_holder().await.filter(|(h, _)| h == other)
+    })
+    .await;
+    assert_eq!((now.as_str(), transitions), (other, 1));
+    procs[si].line(&format!("{other} leads"), "the new leader to say so").await;
+    vms.create(&PostParams::default(), &vm("b")).await.unwrap();
+    c.running("b", T).await;
+    let after = c.running("a", T).await;
+    assert_eq!(
+        (after.uid(), after.resource_version()),
+        (before.uid(), before.resource_version()),
+        "the new leader neither re-created nor rewrote the running VMI"
+    );
+
+    rustix::process::kill_process(procs[si].pid(), rustix::process::Signal::TERM).unwrap();
+    let status = common::wait_until(T, "the controller to exit after SIGTERM", || {
+        let r = procs[si].child.try_wait().unwrap();
+        async move { r }
+    })
+    .await;
+    assert!(status.success(), "exit {status:?}: {}", procs[si].output());
+    assert_eq!(c.lease_holder().await, None, "released on SIGTERM: the next replica need not wait out the lease");
+}
+
+/// Two real node agents (n1, n2) under one controller: a VM lands where its node selector says;
+/// `kill -9` of n1's agent leaves its guest running, its heartbeat goes stale, n1 is taken out of
+/// scheduling (label, Event) with the kubelet's conditions untouched, and new VMs go to n2; the
+/// agent's return makes n1 schedulable again and adopts the guest; fencing n1 (its QEMU killed,
+/// the out-of-service taint) fails its VMI and the VM starts again on n2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_is_unscheduled_and_a_fenced_one_gives_its_vms_up() {
+    let c = Cluster::start().await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    for n in ["n1", "n2"] {
+        common::fakenode::kubelet(&c.client, n).await;
+        // The kubelet's own labels and conditions, which the agent must never touch.
+        nodes
+            .patch(n, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"kubernetes.io/hostname": n}}})))
+            .await
+            .unwrap();
+        let conditions = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"},
+            {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"}]}});
+        nodes.patch_status(n, &PatchParams::default(), &Patch::Merge(conditions)).await.unwrap();
+    }
+    let _ctl = c.controller("c", &["--leader-elect=false", "--node-heartbeat-timeout", "4s"]);
+    let mut n1 = c.node("n1");
+    let _n2 = c.node("n2");
+    let n1_url = n1.health_url().await;
+    assert_eq!(get(&format!("{n1_url}/healthz")).await.0, 200);
+
+    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
+    vms.create(&PostParams::default(), &guest_vm("on1", Some("n1"))).await.unwrap();
+    let vmi = c.running("on1", BOOT).await;
+    assert_eq!(vmi.status.as_ref().unwrap().node_name.as_deref(), Some("n1"));
+    let run_dir = c.dir.path().join("n1/node/vmis").join(vmi.uid().unwrap());
+    let qemu = qemu_pid(&run_dir);
+
+    n1.kill9();
+    let marked = common::wait_until(T, "n1 to be taken out of scheduling", || async {
+        nodes.get("n1").await.ok().filter(|n| n.labels().get(api::annotations::NODE_SCHEDULABLE).map(String::as_str) == Some("false"))
+    })
+    .await;
+    let conds: Vec<String> = marked.status.unwrap().conditions.unwrap().iter().map(|c| format!("{}={}", c.type_, c.status)).collect();
+    assert_eq!(conds, ["Ready=True", "MemoryPressure=False"], "the kubelet's conditions survive the agent");
+    let events = client::events::list(&c.client, "default", "n1", "NodeUnresponsive").await.unwrap();
+    assert!(!events.is_empty(), "a NodeUnresponsive Event on n1");
+    assert!(alive(qemu), "the guest keeps running without its agent");
+
+    vms.create(&PostParams::default(), &guest_vm("next", None)).await.unwrap();
+    let next = c.running("next", BOOT).await;
+    assert_eq!(next.status.unwrap().node_name.as_deref(), Some("n2"), "a new VM avoids the silent node");
+
+    // The agent comes back: schedulable again, the guest adopted (same QEMU).
+    let mut n1 = c.node("n1");
+    common::wait_until(T, "n1 to be schedulable again", || async {
+        nodes.get("n1").await.ok().filter(|n| n.labels().get(api::annotations::NODE_SCHEDULABLE).map(String::as_str) == Some("true"))
+    })
+    .await;
+    assert_eq!(c.running("on1", T).await.uid(), vmi.uid());
+    assert_eq!(qemu_pid(&run_dir), qemu, "adopted, not restarted");
+
+    // Fence n1: the machine is gone (agent and QEMU), and the administrator says so with the
+    // out-of-service taint. The VM may run anywhere now (its selector dropped first, so its next
+    // VMI is not pinned to n1).
+    n1.kill9();
+    rustix::process::kill_process(qemu, rustix::process::Signal::KILL).unwrap();
+    common::wait_until(T, "n1 to be taken out of scheduling again", || async {
+        nodes.get("n1").await.ok().filter(|n| n.labels().get(api::annotations::NODE_SCHEDULABLE).map(String::as_str) == Some("false"))
+    })
+    .await;
+    let mut on1 = vms.get("on1").await.unwrap();
+    on1.spec.template.spec.as_mut().unwrap().extra.remove("nodeSelector");
+    vms.replace("on1", &PostParams::default(), &on1).await.unwrap();
+    let taint =
+        json!({"spec": {"taints": [{"key": api::annotations::OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}]}});
+    nodes.patch("n1", &PatchParams::default(), &Patch::Merge(&taint)).await.unwrap();
+    let moved = common::wait_until(BOOT, "VM on1 to run again on n2", || {
+        let vmis: Api<VirtualMachineInstance> = Api::namespaced(c.client.clone(), "default");
+        async move {
+            vmis.get_opt("on1")
+                .await
+                .ok()
+                .flatten()
+                .filter(|v| v.is_running() && v.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some("n2"))
+        }
+    })
+    .await;
+    assert_ne!(moved.uid(), vmi.uid(), "a new VMI, after the fenced one failed");
+    let fenced = client::events::list(&c.client, "default", "on1", "NodeFenced").await.unwrap();
+    assert!(!fenced.is_empty(), "the VMI's failure is explained by a NodeFenced Event");
+}
+
+fn qemu_pid(run_dir: &Path) -> rustix::process::Pid {
+    let text = std::fs::read_to_string(run_dir.join("qemu.pid")).unwrap();
+    rustix::process::Pid::from_raw(text.trim().parse().unwrap()).unwrap()
+}
+
+fn alive(pid: rustix::process::Pid) -> bool {
+    rustix::process::test_kill_process(pid).is_ok()
+}
