@@ -20,6 +20,7 @@ pub mod crd;
 pub mod diag;
 pub mod invariants;
 pub mod kubevirt;
+pub mod lifecycle_requests;
 pub mod phases;
 pub mod quantity;
 pub mod validation;

@@ -23,6 +23,8 @@ pub struct ApiState {
     pub metrics: Option<crate::metrics::SharedRegistry>,
     /// The open watches, at most [`crate::limits::MAX_WATCHES`].
     pub watches: WatchSlots,
+    /// Whether `subresources.kubevirt.io` is served ([`crate::Config::kubevirt_subresources`]).
+    pub kubevirt_subresources: bool,
 }
 
 /// One request on its way to its handler.

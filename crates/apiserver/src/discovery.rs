@@ -43,8 +43,14 @@ pub fn core_versions(_: &Call<'_>) -> Answer {
 }
 
 /// `GET /apis`.
-pub fn api_groups(_: &Call<'_>) -> Answer {
-    Ok(json_response(StatusCode::OK, &registry::api_group_list()))
+pub fn api_groups(c: &Call<'_>) -> Answer {
+    let mut list = registry::api_group_list();
+    if !c.st.kubevirt_subresources {
+        if let Some(groups) = list.get_mut("groups").and_then(serde_json::Value::as_array_mut) {
+            groups.retain(|g| g.get("name").and_then(serde_json::Value::as_str) != Some("subresources.kubevirt.io"));
+        }
+    }
+    Ok(json_response(StatusCode::OK, &list))
 }
 
 /// `GET /api/v1`.

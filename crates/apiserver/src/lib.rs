@@ -116,6 +116,9 @@ pub struct Config {
     /// Events last seen longer ago are deleted by the garbage collector (kube-apiserver's
     /// `--event-ttl`, default 1 h); `None` keeps them forever.
     pub event_ttl: Option<std::time::Duration>,
+    /// Serve KubeVirt's `subresources.kubevirt.io` API (default). Turned off only to model a
+    /// cluster with KubeVirt's CRDs but no virt-api, where clients must edit the VM instead.
+    pub kubevirt_subresources: bool,
 }
 
 impl Config {
@@ -130,6 +133,7 @@ impl Config {
             enforce_invariants: true,
             connections: conn::Limits::default(),
             event_ttl: Some(std::time::Duration::from_secs(3600)),
+            kubevirt_subresources: true,
         }
     }
 }
@@ -223,6 +227,7 @@ impl Server {
             git_version: GIT_VERSION.to_owned(),
             metrics: config.metrics.clone(),
             watches: watch::WatchSlots::default(),
+            kubevirt_subresources: config.kubevirt_subresources,
         });
         Ok(Server { state, credentials, data_dir: config.data_dir.clone(), health, connections: config.connections.clone() })
     }

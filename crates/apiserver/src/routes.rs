@@ -188,6 +188,9 @@ async fn route(st: &ApiState, req: Request) -> Result<Response, ApiError> {
     let path = parts.uri.path().to_owned();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let query = query::params(parts.uri.query());
+    if !st.kubevirt_subresources && segs.get(1) == Some(&"subresources.kubevirt.io") && segs.first() == Some(&"apis") {
+        return Err(ApiError::no_resource());
+    }
     let mut resource: Option<Resource> = None;
     for row in ROUTES {
         match row {
@@ -280,6 +283,7 @@ mod tests {
             git_version: "test".to_owned(),
             metrics: None,
             watches: watch::WatchSlots::default(),
+            kubevirt_subresources: true,
         })
     }
 

@@ -63,6 +63,10 @@ pub struct ApiserverArgs {
     /// How many changes the watch changelog keeps (older resourceVersions answer 410 Expired).
     #[arg(long, default_value_t = 10_000)]
     watch_window: usize,
+    /// Serve no `subresources.kubevirt.io` API, as a kube-apiserver with KubeVirt's CRDs but no
+    /// virt-api would (what the CLI's fallback to editing the VM is tested against).
+    #[arg(long)]
+    without_kubevirt_subresources: bool,
     #[command(flatten)]
     connections: ConnectionArgs,
     #[command(flatten)]
@@ -325,6 +329,7 @@ pub struct ControllerArgs {
 pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
     let mut config = apiserver::Config::new(&args.data_dir);
     config.store.watch_window = args.watch_window;
+    config.kubevirt_subresources = !args.without_kubevirt_subresources;
     config.connections = args.connections.limits()?;
     args.store.apply(&mut config);
     run(config, args.listen, None).await

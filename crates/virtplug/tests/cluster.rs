@@ -98,12 +98,39 @@ struct Cluster {
     client: kube::Client,
 }
 
+impl Drop for Cluster {
+    /// The guests outlive their agents by design: stop every QEMU this test's nodes started (by
+    /// the PIDs in their run dirs, checked against the process's command line so a reused PID is
+    /// left alone), even when the test failed.
+    fn drop(&mut self) {
+        let Ok(nodes) = std::fs::read_dir(self.dir.path()) else { return };
+        for node in nodes.flatten() {
+            let Ok(runs) = std::fs::read_dir(node.path().join("node/vmis")) else { continue };
+            for run in runs.flatten() {
+                let pidfile = run.path().join("qemu.pid");
+                let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|t| t.trim().parse::<i32>().ok()) else { continue };
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let ours = String::from_utf8_lossy(&cmdline).contains(pidfile.to_str().unwrap_or("-"));
+                if let (true, Some(pid)) = (ours, rustix::process::Pid::from_raw(pid)) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+        }
+    }
+}
+
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_with(&[]).await
+    }
+
+    async fn start_with(apiserver_args: &[&str]) -> Cluster {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("api");
-        let api = Proc::start(&["apiserver", "--data-dir", data.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+        let mut args = vec!["apiserver", "--data-dir", data.to_str().unwrap(), "--listen", "127.0.0.1:0"];
+        args.extend(apiserver_args);
+        let api = Proc::start(&args);
         api.line("serving the Kubernetes API at https://127.0.0.1:", "the API server to serve").await;
         let client = client::connect(Some(&data.join("kubeconfig"))).await.unwrap();
         Cluster { dir, _api: api, client }
@@ -328,4 +355,61 @@ fn qemu_pid(run_dir: &Path) -> rustix::process::Pid {
 
 fn alive(pid: rustix::process::Pid) -> bool {
     rustix::process::test_kill_process(pid).is_ok()
+}
+
+/// The CLI on a cluster whose API server has no `subresources.kubevirt.io` (KubeVirt's CRDs, no
+/// virt-api; modelled by `virtplug apiserver --without-kubevirt-subresources`): `vm start`,
+/// `addvolume`, `removevolume`, `vm restart`, `vm stop` make the same changes by editing the VM,
+/// with the same refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_edits_the_vm_where_no_subresources_api_is_served() {
+    let c = Cluster::start_with(&["--without-kubevirt-subresources"]).await;
+    let discovery = http::Request::get("/apis/subresources.kubevirt.io/v1").body(Vec::new()).unwrap();
+    assert!(c.client.request_text(discovery).await.is_err(), "the subresources API is not served");
+    let _n1 = common::fakenode::start(&c.client, "n1").await;
+    let _ctl = c.controller("c", &["--leader-elect=false"]);
+    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
+    vms.create(&PostParams::default(), &serde_json::from_value(common::vm("v")).unwrap()).await.unwrap();
+    let kc = c.kubeconfig();
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_virtplug")).args(args).args(["--kubeconfig", &kc]).output().unwrap();
+        (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    };
+
+    let (ok, out) = cli(&["vm", "start", "v"]);
+    assert!(ok, "{out}");
+    assert_eq!(vms.get("v").await.unwrap().spec.run_strategy.as_deref(), Some("Always"));
+    let first = c.running("v", T).await;
+
+    let (ok, out) = cli(&["addvolume", "v", "--volume-name", "hp", "--claim", "data"]);
+    assert!(ok, "{out}");
+    let spec = vms.get("v").await.unwrap().spec.template.spec.unwrap();
+    let hp = spec.volumes.iter().find(|v| v.name == "hp").expect("the volume is in the VM spec");
+    assert_eq!(serde_json::to_value(hp).unwrap()["persistentVolumeClaim"], json!({"claimName": "data", "hotpluggable": true}));
+    assert!(spec.domain.devices.disks.iter().any(|d| d.name == "hp"), "and its disk");
+    let (ok, out) = cli(&["addvolume", "v", "--volume-name", "hp", "--claim", "other"]);
+    assert!(!ok && out.contains("already exists"), "KubeVirt's refusal: {out}");
+    let (ok, out) = cli(&["removevolume", "v", "--volume-name", "hp"]);
+    assert!(ok, "{out}");
+    assert!(!vms.get("v").await.unwrap().spec.template.spec.unwrap().volumes.iter().any(|v| v.name == "hp"));
+
+    let (ok, out) = cli(&["vm", "start", "v"]);
+    assert!(!ok && out.contains("VM is already running"), "{out}");
+    let (ok, out) = cli(&["vm", "restart", "v"]);
+    assert!(ok, "{out}");
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(c.client.clone(), "default");
+    let first_uid = first.uid();
+    common::wait_until(T, "a new VMI after the restart", || {
+        let (vmis, first_uid) = (vmis.clone(), first_uid.clone());
+        async move { vmis.get_opt("v").await.ok().flatten().filter(|v| v.uid() != first_uid && v.is_running()) }
+    })
+    .await;
+    let (ok, out) = cli(&["vm", "stop", "v"]);
+    assert!(ok, "{out}");
+    assert_eq!(vms.get("v").await.unwrap().spec.run_strategy.as_deref(), Some("Halted"));
+    common::wait_until(T, "the VMI to be gone after stop", || {
+        let vmis = vmis.clone();
+        async move { matches!(vmis.get_opt("v").await, Ok(None)).then_some(()) }
+    })
+    .await;
 }

@@ -5,6 +5,7 @@
 //! Exit codes: 0 done; 1 the operation failed (API refusal, import failed, `--wait` timed out);
 //! 2 bad usage (clap). Errors go to stderr with what to do; `-o json|yaml` output is stable.
 
+mod fallback;
 mod hotplug;
 mod vm;
 mod volume;
@@ -98,6 +99,11 @@ async fn subresource(client: &kube::Client, ns: &str, name: &str, sub: &str, bod
     let req = http::Request::put(&path).header("content-type", "application/json").body(serde_json::to_vec(body)?).context("request")?;
     match client.request_text(req).await {
         Ok(_) => Ok(()),
+        // No KubeVirt subresources API on this server (a cluster without virt-api): the same
+        // change, made on the VM itself.
+        Err(kube::Error::Api(s)) if s.code == 404 && !fallback::subresources_served(client).await => {
+            fallback::apply(client, ns, name, sub, body).await
+        }
         Err(kube::Error::Api(s)) => bail!("{sub} {ns}/{name}: {} ({})", s.message, s.code),
         Err(e) => Err(e).with_context(|| format!("{sub} {ns}/{name}")),
     }
