@@ -27,8 +27,12 @@
 //! phase is `Failed`. Editing the DataVolume's source does not restart a finished import (as
 //! CDI); delete and re-create it.
 
+mod clone;
 mod fetch;
+pub mod format;
 pub mod net_policy;
+mod qemu_img;
+pub mod sink;
 pub mod target;
 
 use std::collections::HashMap;
@@ -46,7 +50,7 @@ use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
-use api::cdi::DataVolumeStatus;
+use api::cdi::{DataVolumeStatus, PvcSource, SourceKind};
 use api::kubevirt::Condition;
 use api::phases::{ClaimPhase, DataVolumePhase};
 use api::DataVolume;
@@ -230,16 +234,17 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
     if matches!(status.phase, Some(DataVolumePhase::Succeeded | DataVolumePhase::Failed)) {
         return Ok(Action::await_change());
     }
-    let source = dv.spec.source.clone().unwrap_or_default();
-    if source.http.is_none() && source.blank.is_none() {
-        let msg = if source.pvc.is_some() {
-            "cloning a claim (source.pvc) is not supported; use source.http or source.blank"
-        } else {
-            "spec.source needs one of http {url} or blank {}"
-        };
-        fail(&ctx, &dvs, &dv, msg).await?;
-        return Ok(Action::await_change());
-    }
+    // Admission refused these already; a cluster without virtplug's admission gets the same
+    // message here.
+    let job = match dv.spec.source_kind() {
+        Err((field, msg)) => {
+            fail(&ctx, &dvs, &dv, &format!("{field}: {msg}")).await?;
+            return Ok(Action::await_change());
+        }
+        Ok(SourceKind::Blank) => None,
+        Ok(SourceKind::Http(h)) => Some(Job::Http(h.url.clone())),
+        Ok(SourceKind::Pvc(p)) => Some(Job::Clone(p.clone())),
+    };
 
     let existing = pvcs.get_opt(&name).await.map_err(|e| ImportError::Transient(format!("cannot read claim {ns}/{name}: {e}")))?;
     let Some(pvc) = existing else {
@@ -275,7 +280,7 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
     }
     let bound_cond = condition("Bound", true, "Bound", &format!("claim {name} bound"));
 
-    if source.blank.is_some() {
+    let Some(job) = job else {
         set_status(&dvs, &name, |s| {
             s.phase = Some(DataVolumePhase::Succeeded);
             s.progress = Some("100.0%".into());
@@ -285,9 +290,9 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
         })
         .await?;
         return Ok(Action::await_change());
-    }
+    };
 
-    // http: one attempt at a time per DataVolume, after its backoff.
+    // http or clone: one attempt at a time per DataVolume, after its backoff.
     {
         let mut gates = ctx.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(at) = gates.get(&uid) {
@@ -298,15 +303,15 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
         }
         gates.insert(uid.clone(), Instant::now() + Duration::from_secs(365 * 86400));
     }
+    let scheduled = if matches!(job, Job::Clone(_)) { DataVolumePhase::CloneScheduled } else { DataVolumePhase::ImportScheduled };
     set_status(&dvs, &name, |s| {
-        s.phase = Some(DataVolumePhase::ImportScheduled);
+        s.phase = Some(scheduled.clone());
         s.claim_name = Some(name.clone());
         set_condition(&mut s.conditions, bound_cond.clone());
     })
     .await?;
-    let url = source.http.map(|h| h.url).unwrap_or_default();
     let restarts = status.restart_count.unwrap_or(0);
-    tokio::spawn(run_attempt(ctx, dvs, dv, pvc, url, restarts).in_current_span());
+    tokio::spawn(run_attempt(ctx, dvs, dv, pvc, job, restarts).in_current_span());
     Ok(Action::await_change())
 }
 
@@ -326,13 +331,28 @@ async fn deleted(dvs: Api<DataVolume>, name: String, uid: String) {
     std::future::pending::<()>().await;
 }
 
+/// What fills the claim.
+enum Job {
+    /// `source.http.url`.
+    Http(String),
+    /// `source.pvc`.
+    Clone(PvcSource),
+}
+
 /// One import attempt in the background, cancelled when the DataVolume is deleted, then its
 /// outcome: success, a retry after the backoff, or `Failed`.
-async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, pvc: PersistentVolumeClaim, url: String, restarts: i32) {
+async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, pvc: PersistentVolumeClaim, job: Job, restarts: i32) {
     let (name, uid) = (dv.name_any(), dv.uid().unwrap_or_default());
-    // Dropping the attempt closes its connection and removes its partial file.
+    let work = async {
+        match &job {
+            Job::Http(url) => fetch::attempt(&ctx, &dvs, &name, &pvc, url).await,
+            Job::Clone(src) => clone::attempt(&ctx, &dvs, &dv, &pvc, src).await,
+        }
+    };
+    // Dropping the attempt closes its connection (or kills its qemu-img, or stops its copy) and
+    // removes its partial files.
     let result = tokio::select! {
-        r = fetch::attempt(&ctx, &dvs, &name, &pvc, &url) => r,
+        r = work => r,
         () = deleted(dvs.clone(), name.clone(), uid.clone()) => Err(ImportError::Cancelled),
     };
     let retry = match &result {
@@ -353,8 +373,9 @@ async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, p
         (_, Some((msg, delay))) => {
             let msg_delay = format!("{msg}; retrying in {delay:.1?}");
             events::publish(&ctx.client, COMPONENT, dv.as_ref(), EventType::Warning, "ImportRetry", &msg_delay).await;
+            let scheduled = if matches!(job, Job::Clone(_)) { DataVolumePhase::CloneScheduled } else { DataVolumePhase::ImportScheduled };
             let _ = set_status(&dvs, &name, |s| {
-                s.phase = Some(DataVolumePhase::ImportScheduled);
+                s.phase = Some(scheduled.clone());
                 s.restart_count = Some(restarts + 1);
                 set_condition(&mut s.conditions, condition("Running", false, "Error", &msg));
             })
