@@ -53,7 +53,13 @@ use super::{condition, set_condition, set_status, Ctx, ImportError};
 const PIECE: usize = 1 << 20;
 
 /// One clone attempt of the claim named by `src` into `pvc`.
-pub(super) async fn attempt(ctx: &Ctx, dvs: &Api<DataVolume>, dv: &DataVolume, pvc: &PersistentVolumeClaim, src: &PvcSource) -> Result<(), ImportError> {
+pub(super) async fn attempt(
+    ctx: &Ctx,
+    dvs: &Api<DataVolume>,
+    dv: &DataVolume,
+    pvc: &PersistentVolumeClaim,
+    src: &PvcSource,
+) -> Result<(), ImportError> {
     let (ns, name) = (dv.namespace().unwrap_or_default(), dv.name_any());
     let src_ns = if src.namespace.is_empty() { ns.as_str() } else { src.namespace.as_str() };
     if src_ns != ns {

@@ -33,8 +33,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use api::phases::DataVolumePhase;
 use api::DataVolume;
 
-use super::net_policy::{check_url, find_refusal, Refusal};
 use super::format;
+use super::net_policy::{check_url, find_refusal, Refusal};
 use super::qemu_img;
 use super::sink::{Decoded, Limits, Pipeline, SinkError};
 use super::target::{Target, TargetError};
@@ -185,7 +185,13 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
 
 /// Converts the qcow2 image in `scratch` into `target`, reporting the second half of the
 /// progress.
-async fn convert(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, scratch: &super::target::Scratch, target: &Target) -> Result<(), ImportError> {
+async fn convert(
+    ctx: &Ctx,
+    dvs: &Api<DataVolume>,
+    name: &str,
+    scratch: &super::target::Scratch,
+    target: &Target,
+) -> Result<(), ImportError> {
     let (tx, mut rx) = tokio::sync::watch::channel(0.0f64);
     let dst = target.path();
     let run = qemu_img::convert(scratch.path(), &dst, !target.is_device(), move |p| {

@@ -164,7 +164,9 @@ mod tests {
     }
 
     fn info(extra: &str) -> String {
-        format!(r#"{{"virtual-size": 1048576, "filename": "/x", "format": "qcow2", "format-specific": {{"type": "qcow2", "data": {{"compat": "1.1"{extra}}}}}}}"#)
+        format!(
+            r#"{{"virtual-size": 1048576, "filename": "/x", "format": "qcow2", "format-specific": {{"type": "qcow2", "data": {{"compat": "1.1"{extra}}}}}}}"#
+        )
     }
 
     #[test]

@@ -1,13 +1,25 @@
-//! CDI's DataVolume, the parts the embedded deployment needs: `blank` and `http(s)` import.
+//! CDI's DataVolume, the parts the embedded deployment needs: `blank`, `http(s)` import of
+//! raw, ISO, qcow2 and gzip/xz-compressed images, and `pvc` clone.
 //!
 //! # Flow
 //! The DataVolume's claim (same name, owned by the DataVolume so it is garbage-collected with
 //! it) is created from `spec.storage` or `spec.pvc`; the provisioner binds it. Then:
 //! - `blank`: `Succeeded` at once (the provisioner's image is already zeros);
 //! - `http`: `ImportScheduled` → `ImportInProgress` with `status.progress` ("42.17%", from
-//!   Content-Length) → `Succeeded` "100.0%". The body is streamed into a new file beside the
-//!   claim's `disk.img`, renamed over it when complete (or into the loop device of a Block
-//!   claim), never buffered whole ([`target`]).
+//!   Content-Length) → `Succeeded` "100.0%". The body is streamed, never buffered whole, through
+//!   the [`sink`]: its format told by magic bytes ([`format`]), gzip and xz decompressed on the
+//!   way, a raw image (ISO included) written into a new file beside the claim's `disk.img`,
+//!   renamed over it when complete (or into the loop device of a Block claim) ([`target`]); a
+//!   qcow2 image downloaded into a scratch file beside it, checked with `qemu-img info` and
+//!   converted to raw into the same target with `qemu-img convert` (module `qemu_img`), as CDI
+//!   converts. A qcow2 image's download is the first half of its progress, its conversion the
+//!   second.
+//! - `pvc`: `CloneScheduled` → `CloneInProgress` → `Succeeded`: the source claim's bytes are
+//!   reflinked or copied into the same kind of target (module `clone`: same namespace only).
+//!
+//! Which sources are supported is said in one place, [`api::cdi::DataVolumeSpec::source_kind`]:
+//! admission refuses the others (`sourceRef`, registry, s3, upload, ...) with a field error,
+//! and the importer fails them with the same message where admission did not run.
 //!
 //! # The URL is untrusted
 //! Whoever may create a DataVolume chooses what the controller fetches from inside the host's
@@ -15,17 +27,28 @@
 //! unspecified and this machine's own addresses are refused unless allowed by
 //! [`ImportConfig::allow_hosts`], checked on the address actually connected to and after every
 //! redirect. An attempt has a deadline and a minimum transfer rate (module `fetch`). Deleting the
-//! DataVolume cancels its transfer: the connection is closed and the partial file removed.
+//! DataVolume cancels its transfer: the connection is closed (or `qemu-img` killed, or the copy
+//! stopped) and the partial files removed.
+//!
+//! # The image is untrusted
+//! Its decompressed size is bounded by the claim and [`ImportConfig::max_bytes`] as it is
+//! produced (a decompression bomb stops at the claim's size); `qemu-img` is given only paths
+//! the controller created, with `-f qcow2` (never probing), and a qcow2 image with a backing
+//! file, an external data file or a virtual size larger than the claim is refused before it
+//! is converted.
 //!
 //! # Failures
 //! Permanent (phase `Failed` at once, reason in the `Running` condition and an `ImportFailed`
-//! Event): a scheme other than http/https, a refused host or redirect, a source larger than the
-//! claim or than [`ImportConfig::max_bytes`], a qcow2 image (raw and ISO only), a symlink where
-//! the image goes. Transient (a non-2xx answer, a connection error, a body that ends before its
-//! Content-Length, the deadline, a transfer below the minimum rate): `restartCount` + 1 and a new
-//! attempt after a capped exponential backoff with jitter; past [`ImportConfig::max_retries`] the
-//! phase is `Failed`. Editing the DataVolume's source does not restart a finished import (as
-//! CDI); delete and re-create it.
+//! Event; no file left but the blank image): a scheme other than http/https, a refused host or
+//! redirect, a source larger than the claim or than [`ImportConfig::max_bytes`] (compressed or
+//! decompressed), a corrupt gzip/xz stream, a stream compressed twice, a corrupt qcow2 image,
+//! one with a backing or data file or larger than the claim, a symlink where the image goes; a
+//! clone from another namespace or of a larger claim. Transient (a non-2xx answer, a connection
+//! error, a body that ends before its Content-Length, the deadline, a transfer below the
+//! minimum rate, `qemu-img` missing, a clone source missing or not Bound): `restartCount` + 1
+//! and a new attempt after a capped exponential backoff with jitter; past
+//! [`ImportConfig::max_retries`] the phase is `Failed`. Editing the DataVolume's source does not
+//! restart a finished import (as CDI); delete and re-create it.
 
 mod clone;
 mod fetch;

@@ -339,7 +339,8 @@ mod tests {
     }
 
     fn files(root: &tempfile::TempDir) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(root.path().join("u")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut v: Vec<String> =
+            std::fs::read_dir(root.path().join("u")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         v.sort();
         v
     }

@@ -128,7 +128,11 @@ impl Target {
             let path = data_path(root, pvc).ok_or_else(no_backing)?;
             return Target::open_device(path, ClaimDir { fd: dir, path: dir_path, image });
         }
-        let claim_dir = ClaimDir { fd: dir.try_clone().map_err(|source| TargetError::Io { what: "open", path: dir_path.clone(), source })?, path: dir_path.clone(), image };
+        let claim_dir = ClaimDir {
+            fd: dir.try_clone().map_err(|source| TargetError::Io { what: "open", path: dir_path.clone(), source })?,
+            path: dir_path.clone(),
+            image,
+        };
         let existing = rustix::fs::statat(&dir, image, AtFlags::SYMLINK_NOFOLLOW)
             .ok()
             .filter(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile);
