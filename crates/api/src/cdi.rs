@@ -89,10 +89,7 @@ impl DataVolumeSpec {
             return Err(("spec.source".into(), format!("a DataVolume needs a source: {SUPPORTED_SOURCES}")));
         };
         if let Some(other) = src.extra.keys().next() {
-            return Err((
-                format!("spec.source.{other}"),
-                format!("importing from {other:?} is not supported; use {SUPPORTED_SOURCES}"),
-            ));
+            return Err((format!("spec.source.{other}"), format!("importing from {other:?} is not supported; use {SUPPORTED_SOURCES}")));
         }
         match (&src.http, &src.blank, &src.pvc) {
             (Some(h), None, None) => Ok(SourceKind::Http(h)),

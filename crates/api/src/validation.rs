@@ -545,7 +545,9 @@ mod tests {
         let with = |spec: Value| {
             let mut s = json!({"storage": {"resources": {"requests": {"storage": "1Gi"}}}});
             s.as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
-            validate_data_volume(&json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "d"}, "spec": s}))
+            validate_data_volume(
+                &json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "d"}, "spec": s}),
+            )
         };
         for (spec, field) in [
             (json!({"sourceRef": {"kind": "DataSource", "name": "fedora"}}), "spec.sourceRef"),

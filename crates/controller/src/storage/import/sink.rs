@@ -301,21 +301,30 @@ impl Pipeline {
 
 /// Marks a decoder's own error as a corrupt stream; the sink's errors pass through.
 fn corrupt_or(e: io::Error, fmt: Format) -> io::Error {
-    let ours = e.get_ref().is_some_and(|inner| inner.is::<SinkError>());
-    if ours || !fmt.is_compressed() {
+    if is_ours(&e) || !fmt.is_compressed() {
         e
     } else {
         io::Error::other(SinkError::Corrupt { format: fmt.name(), source: e })
     }
 }
 
+fn is_ours(e: &io::Error) -> bool {
+    match e.get_ref() {
+        Some(inner) => inner.is::<SinkError>(),
+        None => false,
+    }
+}
+
 fn unwrap_error(e: io::Error) -> SinkError {
-    if !e.get_ref().is_some_and(|inner| inner.is::<SinkError>()) {
+    if !is_ours(&e) {
         return SinkError::Refused(format!("the import failed: {e}"));
     }
-    match e.into_inner().map(|inner| inner.downcast::<SinkError>()) {
-        Some(Ok(s)) => *s,
-        _ => SinkError::Refused("the import failed".into()),
+    match e.into_inner() {
+        Some(inner) => match inner.downcast::<SinkError>() {
+            Ok(s) => *s,
+            Err(other) => SinkError::Refused(format!("the import failed: {other}")),
+        },
+        None => SinkError::Refused("the import failed".into()),
     }
 }
 
