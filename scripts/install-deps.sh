@@ -16,7 +16,9 @@ base_pkgs=(busybox-static kmod cpio e2fsprogs util-linux etcd-server etcd-client
 missing=()
 for p in "${base_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 qemu_ok=0
-if command -v qemu-system-x86_64 >/dev/null && qemu-system-x86_64 --version | grep -q 'version 10\.'; then qemu_ok=1; fi
+# qemu-img (qemu-utils) converts imported qcow2 images: without it the DataVolume tests fail.
+if command -v qemu-system-x86_64 >/dev/null && qemu-system-x86_64 --version | grep -q 'version 10\.' \
+  && command -v qemu-img >/dev/null; then qemu_ok=1; fi
 
 if [ ${#missing[@]} -gt 0 ] || [ $qemu_ok = 0 ]; then
   need_root

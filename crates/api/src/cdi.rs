@@ -59,6 +59,48 @@ pub struct DataVolumeSource {
     pub extra: Extra,
 }
 
+/// What virtplug fills a DataVolume from, for messages.
+pub const SUPPORTED_SOURCES: &str = "spec.source.http {url}, spec.source.blank {} or spec.source.pvc {namespace, name}";
+
+/// The one source of a DataVolume that virtplug can fill it from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SourceKind<'a> {
+    Http(&'a HttpSource),
+    Blank,
+    Pvc(&'a PvcSource),
+}
+
+impl DataVolumeSpec {
+    /// The DataVolume's source, or the field that is wrong and why: no source, more than one,
+    /// `spec.sourceRef` (a DataSource) or a CDI source virtplug does not import from
+    /// (`registry`, `s3`, `gcs`, `upload`, `imageio`, `vddk`, `snapshot`, ...). The one place
+    /// both admission and the importer ask.
+    ///
+    /// # Errors
+    /// `(field, message)`: the message names what is supported.
+    pub fn source_kind(&self) -> Result<SourceKind<'_>, (String, String)> {
+        if self.extra.contains_key("sourceRef") {
+            return Err((
+                "spec.sourceRef".into(),
+                format!("DataSource references (spec.sourceRef) are not supported; use {SUPPORTED_SOURCES}"),
+            ));
+        }
+        let Some(src) = &self.source else {
+            return Err(("spec.source".into(), format!("a DataVolume needs a source: {SUPPORTED_SOURCES}")));
+        };
+        if let Some(other) = src.extra.keys().next() {
+            return Err((format!("spec.source.{other}"), format!("importing from {other:?} is not supported; use {SUPPORTED_SOURCES}")));
+        }
+        match (&src.http, &src.blank, &src.pvc) {
+            (Some(h), None, None) => Ok(SourceKind::Http(h)),
+            (None, Some(_), None) => Ok(SourceKind::Blank),
+            (None, None, Some(p)) => Ok(SourceKind::Pvc(p)),
+            (None, None, None) => Err(("spec.source".into(), format!("a DataVolume needs a source: {SUPPORTED_SOURCES}"))),
+            _ => Err(("spec.source".into(), "exactly one source must be set; keep one of http, blank, pvc".into())),
+        }
+    }
+}
+
 /// `source.http`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

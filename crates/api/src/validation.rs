@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::cdi::DataVolume;
+use crate::cdi::{DataVolume, SourceKind};
 use crate::invariants;
 use crate::kubevirt::{DiskKind, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceSpec};
 
@@ -138,31 +138,26 @@ pub fn validate_data_volume(obj: &Value) -> Vec<Cause> {
         Err(cause) => return vec![cause],
     };
     let mut causes = Vec::new();
-    match &dv.spec.source {
-        None => causes.push(Cause::new(
-            CauseType::Required,
-            "spec.source",
-            "a DataVolume needs a source: spec.source.http {url}, spec.source.blank {} or spec.source.pvc {namespace, name}",
-        )),
-        Some(src) => {
-            let n = usize::from(src.http.is_some()) + usize::from(src.blank.is_some()) + usize::from(src.pvc.is_some()) + src.extra.len();
-            if n != 1 {
+    match dv.spec.source_kind() {
+        Err((field, msg)) => {
+            let kind = if field == "spec.source" && dv.spec.source.is_none() { CauseType::Required } else { CauseType::NotSupported };
+            causes.push(Cause::new(kind, field, msg));
+        }
+        Ok(SourceKind::Http(http)) => {
+            if !(http.url.starts_with("http://") || http.url.starts_with("https://")) {
                 causes.push(Cause::new(
-                    CauseType::Invalid,
-                    "spec.source",
-                    format!("exactly one source must be set, found {n}; keep one of http, blank, pvc"),
+                    CauseType::NotSupported,
+                    "spec.source.http.url",
+                    format!("{:?} is not an http:// or https:// URL; only those schemes are imported", http.url),
                 ));
             }
-            if let Some(http) = &src.http {
-                if !(http.url.starts_with("http://") || http.url.starts_with("https://")) {
-                    causes.push(Cause::new(
-                        CauseType::NotSupported,
-                        "spec.source.http.url",
-                        format!("{:?} is not an http:// or https:// URL; only those schemes are imported", http.url),
-                    ));
-                }
+        }
+        Ok(SourceKind::Pvc(p)) => {
+            if p.name.is_empty() {
+                causes.push(Cause::new(CauseType::Required, "spec.source.pvc.name", "the name of the claim to clone is required"));
             }
         }
+        Ok(SourceKind::Blank) => {}
     }
     if dv.spec.storage.is_none() && dv.spec.pvc.is_none() {
         causes.push(Cause::new(
@@ -541,5 +536,32 @@ mod tests {
         let c = validate_data_volume(&dv);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].field, "spec.source.http.url");
+    }
+
+    /// Sources virtplug does not import from are refused naming the field and what is
+    /// supported, not accepted and then failed by the importer.
+    #[test]
+    fn data_volume_sources_that_are_not_imported_are_refused_naming_the_supported_ones() {
+        let with = |spec: Value| {
+            let mut s = json!({"storage": {"resources": {"requests": {"storage": "1Gi"}}}});
+            s.as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+            validate_data_volume(
+                &json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "d"}, "spec": s}),
+            )
+        };
+        for (spec, field) in [
+            (json!({"sourceRef": {"kind": "DataSource", "name": "fedora"}}), "spec.sourceRef"),
+            (json!({"source": {"registry": {"url": "docker://quay.io/x"}}}), "spec.source.registry"),
+            (json!({"source": {"upload": {}}}), "spec.source.upload"),
+            (json!({"source": {"vddk": {"url": "https://vc"}}}), "spec.source.vddk"),
+            (json!({"source": {"http": {"url": "http://a/b"}, "blank": {}}}), "spec.source"),
+        ] {
+            let c = with(spec.clone());
+            assert_eq!(c.len(), 1, "{spec}: {c:?}");
+            assert_eq!(c[0].field, field, "{spec}");
+            assert!(c[0].message.contains("http") && c[0].message.contains("pvc"), "{spec}: {}", c[0].message);
+        }
+        assert_eq!(with(json!({"source": {"pvc": {"namespace": "default", "name": "golden"}}})), vec![]);
+        assert_eq!(with(json!({"source": {"pvc": {"namespace": "default", "name": ""}}}))[0].field, "spec.source.pvc.name");
     }
 }

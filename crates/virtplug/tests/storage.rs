@@ -430,6 +430,7 @@ async fn http_server(body: Vec<u8>) -> String {
                     "/huge.raw" => {
                         let _ = sock.write_all(head(1 << 30).as_bytes()).await;
                     }
+                    // A qcow2 magic and version, then nothing: a header cut short.
                     "/qcow2" => {
                         let _ = sock.write_all(head(8).as_bytes()).await;
                         let _ = sock.write_all(b"QFI\xfb\0\0\0\x03").await;
@@ -502,7 +503,7 @@ async fn failed_imports_say_why() {
         ("missing", format!("{base}/nope.raw"), "404"),
         ("truncated", format!("{base}/truncated.raw"), "262144 bytes"),
         ("huge", format!("{base}/huge.raw"), "larger than the claim's"),
-        ("qcow", format!("{base}/qcow2"), "qcow2"),
+        ("qcow", format!("{base}/qcow2"), "qcow2 image is truncated"),
     ];
     // A local file is refused at admission already, naming the field (the importer refuses it
     // again for clusters without virtplug's admission).

@@ -7,8 +7,15 @@
 //! - [`ImportConfig::min_rate`](super::ImportConfig::min_rate) over each
 //!   [`ImportConfig::min_rate_window`](super::ImportConfig::min_rate_window) of the body (as
 //!   curl's `--speed-limit`/`--speed-time`).
-//! - The size limits: Content-Length and the bytes received, against the claim and
-//!   [`ImportConfig::max_bytes`](super::ImportConfig::max_bytes).
+//! - The size limits: Content-Length against the claim and
+//!   [`ImportConfig::max_bytes`](super::ImportConfig::max_bytes); the image's bytes, after
+//!   decompression, in the [`sink`](super::sink).
+//!
+//! # Progress
+//! `status.progress` is the share of the body received (of its Content-Length; compressed
+//! bytes for a compressed source). A qcow2 image's download counts for the first half and its
+//! conversion (`qemu-img convert -p`) for the second: the conversion writes the whole disk,
+//! often the longer part.
 //!
 //! # Messages
 //! Status messages name the host, never the port, a resolved address, or why a connection
@@ -26,7 +33,10 @@ use tokio::time::{Instant, MissedTickBehavior};
 use api::phases::DataVolumePhase;
 use api::DataVolume;
 
+use super::format;
 use super::net_policy::{check_url, find_refusal, Refusal};
+use super::qemu_img;
+use super::sink::{Decoded, Limits, Pipeline, SinkError};
 use super::target::{Target, TargetError};
 use super::{condition, set_condition, set_status, Ctx, ImportError};
 
@@ -68,7 +78,7 @@ fn refused(r: &Refusal) -> ImportError {
     }
 }
 
-fn target_error(e: &TargetError) -> ImportError {
+pub(super) fn target_error(e: &TargetError) -> ImportError {
     let msg = client::error_chain(e);
     match e {
         TargetError::Symlink { .. } | TargetError::NotBlockDevice { .. } => ImportError::Permanent(msg),
@@ -76,8 +86,20 @@ fn target_error(e: &TargetError) -> ImportError {
     }
 }
 
+fn sink_error(e: SinkError) -> ImportError {
+    match e {
+        SinkError::Target(t) => target_error(&t),
+        SinkError::Refused(_) | SinkError::Corrupt { .. } => ImportError::Permanent(client::error_chain(&e)),
+    }
+}
+
+/// Runs `f` (decompression and file I/O) on the blocking pool.
+async fn blocking_sink<T: Send + 'static>(f: impl FnOnce() -> Result<T, SinkError> + Send + 'static) -> Result<T, ImportError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ImportError::Transient(e.to_string()))?.map_err(sink_error)
+}
+
 /// Runs `f` (file I/O) on the blocking pool.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, TargetError> + Send + 'static) -> Result<T, ImportError> {
+pub(super) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, TargetError> + Send + 'static) -> Result<T, ImportError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| ImportError::Transient(e.to_string()))?.map_err(|e| target_error(&e))
 }
 
@@ -109,7 +131,9 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
         )));
     }
     let capacity = super::super::requested_bytes(pvc).map_err(ImportError::Permanent)?;
-    let limit = capacity.min(ctx.config.max_bytes);
+    // The bytes on the wire: a qcow2 image may pass the claim's size by its metadata; the
+    // image's own limits are the sink's.
+    let limit = format::qcow2_file_limit(capacity).min(ctx.config.max_bytes);
     let resp = request(ctx, parsed).await?;
     let host = host_of(resp.url());
     let total = resp.content_length();
@@ -129,7 +153,24 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
         blocking(move || Target::open(&root, &pvc, &claim)).await?
     };
     let body = Body { host: &host, total, limit, capacity };
-    let (target, written) = transfer(ctx, dvs, name, &body, resp, target).await?;
+    let pipe = Pipeline::new(target, Limits { capacity, max_bytes: ctx.config.max_bytes });
+    let (pipe, received) = transfer(ctx, dvs, name, &body, resp, pipe).await?;
+    let (target, written) = match blocking_sink(move || pipe.finish()).await? {
+        Decoded::Raw { target, bytes } => (target, bytes),
+        Decoded::Qcow2 { target, scratch, bytes } => {
+            tracing::info!("received a qcow2 image of {bytes} bytes ({received} bytes on the wire); converting it to raw");
+            let (scratch, mut target, virtual_size) = {
+                let scratch = blocking(move || scratch.sync().map(|()| scratch)).await?;
+                let info = qemu_img::info(scratch.path()).await?;
+                let virtual_size = format::check_info(&info, capacity).map_err(ImportError::Permanent)?;
+                (scratch, target, virtual_size)
+            };
+            target = blocking(move || target.reserve(virtual_size).map(|()| target)).await?;
+            convert(ctx, dvs, name, &scratch, &target).await?;
+            drop(scratch);
+            (target, virtual_size)
+        }
+    };
     blocking(move || target.commit()).await?;
     set_status(dvs, name, |s| {
         s.phase = Some(DataVolumePhase::Succeeded);
@@ -140,6 +181,37 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
     .await?;
     tracing::info!("imported {written} bytes from {url} into its claim");
     Ok(())
+}
+
+/// Converts the qcow2 image in `scratch` into `target`, reporting the second half of the
+/// progress.
+async fn convert(
+    ctx: &Ctx,
+    dvs: &Api<DataVolume>,
+    name: &str,
+    scratch: &super::target::Scratch,
+    target: &Target,
+) -> Result<(), ImportError> {
+    let (tx, mut rx) = tokio::sync::watch::channel(0.0f64);
+    let dst = target.path();
+    let run = qemu_img::convert(scratch.path(), &dst, !target.is_device(), move |p| {
+        let _ = tx.send(p);
+    });
+    let mut run = std::pin::pin!(run);
+    let mut last_report = Instant::now();
+    loop {
+        tokio::select! {
+            r = &mut run => return r,
+            changed = rx.changed() => {
+                if changed.is_err() || last_report.elapsed() < ctx.config.progress_interval {
+                    continue;
+                }
+                last_report = Instant::now();
+                let pct = format!("{:.2}%", 50.0 + *rx.borrow_and_update() * 50.0);
+                set_status(dvs, name, |s| s.progress = Some(pct.clone())).await?;
+            }
+        }
+    }
 }
 
 /// What is known about the body before it is read.
@@ -156,15 +228,15 @@ fn too_slow(moved: u64, min_rate: u64, window: Duration) -> bool {
     u128::from(moved) * 1_000_000 < u128::from(min_rate).saturating_mul(window.as_micros())
 }
 
-/// Streams the body into `target`, reporting progress; returns the target and the byte count.
+/// Streams the body into `pipe`, reporting progress; returns the pipeline and the bytes received.
 async fn transfer(
     ctx: &Ctx,
     dvs: &Api<DataVolume>,
     name: &str,
     body: &Body<'_>,
     resp: reqwest::Response,
-    mut target: Target,
-) -> Result<(Target, u64), ImportError> {
+    mut pipe: Pipeline,
+) -> Result<(Pipeline, u64), ImportError> {
     let (host, cfg) = (body.host, &ctx.config);
     let window = cfg.min_rate_window;
     let check_rate = cfg.min_rate > 0 && !window.is_zero();
@@ -202,22 +274,19 @@ async fn transfer(
                 None => format!("the transfer from {host} broke off after {written} bytes"),
             })
         })?;
-        if written == 0 && chunk.starts_with(b"QFI\xfb") {
-            return Err(ImportError::Permanent(
-                "the source is a qcow2 image; only raw and ISO images are imported (convert with: qemu-img convert -O raw IN OUT)".into(),
-            ));
-        }
         written += chunk.len() as u64;
         if written > body.limit {
             return Err(ImportError::Permanent(too_large(written, body.capacity, cfg.max_bytes)));
         }
-        // Blocking write of one chunk (at most a few hundred KiB): on the blocking pool.
-        target = blocking(move || target.write_all(&chunk).map(|()| target)).await?;
+        // Decompression and the write of one chunk (at most a few hundred KiB): on the blocking pool.
+        pipe = blocking_sink(move || pipe.write(&chunk).map(|()| pipe)).await?;
         if let Some(t) = body.total.filter(|t| *t > 0) {
             if last_report.elapsed() >= cfg.progress_interval {
                 last_report = Instant::now();
+                // A qcow2 image's download is the first half of its import.
+                let share = if pipe.is_qcow2() { 50.0 } else { 100.0 };
                 #[allow(clippy::cast_precision_loss)]
-                let pct = format!("{:.2}%", written as f64 * 100.0 / t as f64);
+                let pct = format!("{:.2}%", written as f64 * share / t as f64);
                 set_status(dvs, name, |s| s.progress = Some(pct.clone())).await?;
             }
         }
@@ -227,7 +296,7 @@ async fn transfer(
             return Err(ImportError::Transient(format!("the transfer from {host} ended after {written} of {t} bytes (truncated)")));
         }
     }
-    Ok((target, written))
+    Ok((pipe, written))
 }
 
 fn too_large(bytes: u64, capacity: u64, max: u64) -> String {

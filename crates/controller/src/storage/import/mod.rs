@@ -1,13 +1,25 @@
-//! CDI's DataVolume, the parts the embedded deployment needs: `blank` and `http(s)` import.
+//! CDI's DataVolume, the parts the embedded deployment needs: `blank`, `http(s)` import of
+//! raw, ISO, qcow2 and gzip/xz-compressed images, and `pvc` clone.
 //!
 //! # Flow
 //! The DataVolume's claim (same name, owned by the DataVolume so it is garbage-collected with
 //! it) is created from `spec.storage` or `spec.pvc`; the provisioner binds it. Then:
 //! - `blank`: `Succeeded` at once (the provisioner's image is already zeros);
 //! - `http`: `ImportScheduled` → `ImportInProgress` with `status.progress` ("42.17%", from
-//!   Content-Length) → `Succeeded` "100.0%". The body is streamed into a new file beside the
-//!   claim's `disk.img`, renamed over it when complete (or into the loop device of a Block
-//!   claim), never buffered whole ([`target`]).
+//!   Content-Length) → `Succeeded` "100.0%". The body is streamed, never buffered whole, through
+//!   the [`sink`]: its format told by magic bytes ([`format`]), gzip and xz decompressed on the
+//!   way, a raw image (ISO included) written into a new file beside the claim's `disk.img`,
+//!   renamed over it when complete (or into the loop device of a Block claim) ([`target`]); a
+//!   qcow2 image downloaded into a scratch file beside it, checked with `qemu-img info` and
+//!   converted to raw into the same target with `qemu-img convert` (module `qemu_img`), as CDI
+//!   converts. A qcow2 image's download is the first half of its progress, its conversion the
+//!   second.
+//! - `pvc`: `CloneScheduled` → `CloneInProgress` → `Succeeded`: the source claim's bytes are
+//!   reflinked or copied into the same kind of target (module `clone`: same namespace only).
+//!
+//! Which sources are supported is said in one place, [`api::cdi::DataVolumeSpec::source_kind`]:
+//! admission refuses the others (`sourceRef`, registry, s3, upload, ...) with a field error,
+//! and the importer fails them with the same message where admission did not run.
 //!
 //! # The URL is untrusted
 //! Whoever may create a DataVolume chooses what the controller fetches from inside the host's
@@ -15,20 +27,35 @@
 //! unspecified and this machine's own addresses are refused unless allowed by
 //! [`ImportConfig::allow_hosts`], checked on the address actually connected to and after every
 //! redirect. An attempt has a deadline and a minimum transfer rate (module `fetch`). Deleting the
-//! DataVolume cancels its transfer: the connection is closed and the partial file removed.
+//! DataVolume cancels its transfer: the connection is closed (or `qemu-img` killed, or the copy
+//! stopped) and the partial files removed.
+//!
+//! # The image is untrusted
+//! Its decompressed size is bounded by the claim and [`ImportConfig::max_bytes`] as it is
+//! produced (a decompression bomb stops at the claim's size); `qemu-img` is given only paths
+//! the controller created, with `-f qcow2` (never probing), and a qcow2 image with a backing
+//! file, an external data file or a virtual size larger than the claim is refused before it
+//! is converted.
 //!
 //! # Failures
 //! Permanent (phase `Failed` at once, reason in the `Running` condition and an `ImportFailed`
-//! Event): a scheme other than http/https, a refused host or redirect, a source larger than the
-//! claim or than [`ImportConfig::max_bytes`], a qcow2 image (raw and ISO only), a symlink where
-//! the image goes. Transient (a non-2xx answer, a connection error, a body that ends before its
-//! Content-Length, the deadline, a transfer below the minimum rate): `restartCount` + 1 and a new
-//! attempt after a capped exponential backoff with jitter; past [`ImportConfig::max_retries`] the
-//! phase is `Failed`. Editing the DataVolume's source does not restart a finished import (as
-//! CDI); delete and re-create it.
+//! Event; no file left but the blank image): a scheme other than http/https, a refused host or
+//! redirect, a source larger than the claim or than [`ImportConfig::max_bytes`] (compressed or
+//! decompressed), a corrupt gzip/xz stream, a stream compressed twice, a corrupt qcow2 image,
+//! one with a backing or data file or larger than the claim, a symlink where the image goes; a
+//! clone from another namespace or of a larger claim. Transient (a non-2xx answer, a connection
+//! error, a body that ends before its Content-Length, the deadline, a transfer below the
+//! minimum rate, `qemu-img` missing, a clone source missing or not Bound): `restartCount` + 1
+//! and a new attempt after a capped exponential backoff with jitter; past
+//! [`ImportConfig::max_retries`] the phase is `Failed`. Editing the DataVolume's source does not
+//! restart a finished import (as CDI); delete and re-create it.
 
+mod clone;
 mod fetch;
+pub mod format;
 pub mod net_policy;
+mod qemu_img;
+pub mod sink;
 pub mod target;
 
 use std::collections::HashMap;
@@ -46,7 +73,7 @@ use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
-use api::cdi::DataVolumeStatus;
+use api::cdi::{DataVolumeStatus, PvcSource, SourceKind};
 use api::kubevirt::Condition;
 use api::phases::{ClaimPhase, DataVolumePhase};
 use api::DataVolume;
@@ -230,16 +257,17 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
     if matches!(status.phase, Some(DataVolumePhase::Succeeded | DataVolumePhase::Failed)) {
         return Ok(Action::await_change());
     }
-    let source = dv.spec.source.clone().unwrap_or_default();
-    if source.http.is_none() && source.blank.is_none() {
-        let msg = if source.pvc.is_some() {
-            "cloning a claim (source.pvc) is not supported; use source.http or source.blank"
-        } else {
-            "spec.source needs one of http {url} or blank {}"
-        };
-        fail(&ctx, &dvs, &dv, msg).await?;
-        return Ok(Action::await_change());
-    }
+    // Admission refused these already; a cluster without virtplug's admission gets the same
+    // message here.
+    let job = match dv.spec.source_kind() {
+        Err((field, msg)) => {
+            fail(&ctx, &dvs, &dv, &format!("{field}: {msg}")).await?;
+            return Ok(Action::await_change());
+        }
+        Ok(SourceKind::Blank) => None,
+        Ok(SourceKind::Http(h)) => Some(Job::Http(h.url.clone())),
+        Ok(SourceKind::Pvc(p)) => Some(Job::Clone(p.clone())),
+    };
 
     let existing = pvcs.get_opt(&name).await.map_err(|e| ImportError::Transient(format!("cannot read claim {ns}/{name}: {e}")))?;
     let Some(pvc) = existing else {
@@ -275,7 +303,7 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
     }
     let bound_cond = condition("Bound", true, "Bound", &format!("claim {name} bound"));
 
-    if source.blank.is_some() {
+    let Some(job) = job else {
         set_status(&dvs, &name, |s| {
             s.phase = Some(DataVolumePhase::Succeeded);
             s.progress = Some("100.0%".into());
@@ -285,9 +313,9 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
         })
         .await?;
         return Ok(Action::await_change());
-    }
+    };
 
-    // http: one attempt at a time per DataVolume, after its backoff.
+    // http or clone: one attempt at a time per DataVolume, after its backoff.
     {
         let mut gates = ctx.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(at) = gates.get(&uid) {
@@ -298,15 +326,15 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
         }
         gates.insert(uid.clone(), Instant::now() + Duration::from_secs(365 * 86400));
     }
+    let scheduled = if matches!(job, Job::Clone(_)) { DataVolumePhase::CloneScheduled } else { DataVolumePhase::ImportScheduled };
     set_status(&dvs, &name, |s| {
-        s.phase = Some(DataVolumePhase::ImportScheduled);
+        s.phase = Some(scheduled.clone());
         s.claim_name = Some(name.clone());
         set_condition(&mut s.conditions, bound_cond.clone());
     })
     .await?;
-    let url = source.http.map(|h| h.url).unwrap_or_default();
     let restarts = status.restart_count.unwrap_or(0);
-    tokio::spawn(run_attempt(ctx, dvs, dv, pvc, url, restarts).in_current_span());
+    tokio::spawn(run_attempt(ctx, dvs, dv, pvc, job, restarts).in_current_span());
     Ok(Action::await_change())
 }
 
@@ -326,13 +354,28 @@ async fn deleted(dvs: Api<DataVolume>, name: String, uid: String) {
     std::future::pending::<()>().await;
 }
 
+/// What fills the claim.
+enum Job {
+    /// `source.http.url`.
+    Http(String),
+    /// `source.pvc`.
+    Clone(PvcSource),
+}
+
 /// One import attempt in the background, cancelled when the DataVolume is deleted, then its
 /// outcome: success, a retry after the backoff, or `Failed`.
-async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, pvc: PersistentVolumeClaim, url: String, restarts: i32) {
+async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, pvc: PersistentVolumeClaim, job: Job, restarts: i32) {
     let (name, uid) = (dv.name_any(), dv.uid().unwrap_or_default());
-    // Dropping the attempt closes its connection and removes its partial file.
+    let work = async {
+        match &job {
+            Job::Http(url) => fetch::attempt(&ctx, &dvs, &name, &pvc, url).await,
+            Job::Clone(src) => clone::attempt(&ctx, &dvs, &dv, &pvc, src).await,
+        }
+    };
+    // Dropping the attempt closes its connection (or kills its qemu-img, or stops its copy) and
+    // removes its partial files.
     let result = tokio::select! {
-        r = fetch::attempt(&ctx, &dvs, &name, &pvc, &url) => r,
+        r = work => r,
         () = deleted(dvs.clone(), name.clone(), uid.clone()) => Err(ImportError::Cancelled),
     };
     let retry = match &result {
@@ -353,8 +396,9 @@ async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, p
         (_, Some((msg, delay))) => {
             let msg_delay = format!("{msg}; retrying in {delay:.1?}");
             events::publish(&ctx.client, COMPONENT, dv.as_ref(), EventType::Warning, "ImportRetry", &msg_delay).await;
+            let scheduled = if matches!(job, Job::Clone(_)) { DataVolumePhase::CloneScheduled } else { DataVolumePhase::ImportScheduled };
             let _ = set_status(&dvs, &name, |s| {
-                s.phase = Some(DataVolumePhase::ImportScheduled);
+                s.phase = Some(scheduled.clone());
                 s.restart_count = Some(restarts + 1);
                 set_condition(&mut s.conditions, condition("Running", false, "Error", &msg));
             })

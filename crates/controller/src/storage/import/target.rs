@@ -9,10 +9,15 @@
 //!   image, and a symlink planted at `disk.img` is replaced, never written through.
 //! - `Block` claim: its loop device, opened `O_NOFOLLOW` and checked to be a block device,
 //!   written in place.
+//! - A qcow2 source is downloaded first into a [`Scratch`] file beside the image
+//!   (`.disk.img.import-<random>.qcow2`, or `.block.img.…` beside a Block claim's backing
+//!   file), created the same way, then converted into the target by `qemu-img`, which is given
+//!   only these two paths.
 //!
 //! # Guarantees
-//! Dropping an uncommitted `Target` removes its temp file (also when its import is cancelled
-//! mid-transfer). Temp files left by a crashed controller are removed by the next attempt.
+//! Dropping an uncommitted `Target` removes its temp file, and dropping a `Scratch` its file
+//! (also when the import is cancelled mid-transfer). Temp files left by a crashed controller
+//! are removed by the next attempt.
 
 use std::fs::File;
 use std::io::Write;
@@ -69,10 +74,26 @@ enum Kind {
     },
 }
 
+/// The claim's directory, where scratch files go.
+struct ClaimDir {
+    fd: OwnedFd,
+    path: PathBuf,
+    image: &'static str,
+}
+
 /// An open import target: see the module docs.
 pub struct Target {
     file: File,
     kind: Kind,
+    dir: ClaimDir,
+}
+
+/// A scratch file of the import in the claim's directory, removed on drop.
+pub struct Scratch {
+    file: File,
+    dir: OwnedFd,
+    name: String,
+    path: PathBuf,
 }
 
 /// Opens `name` (one path component) under `dir` without following any symlink.
@@ -97,16 +118,21 @@ impl Target {
             return Err(no_backing());
         }
         let mode = VolumeMode::of(pvc);
-        if mode == VolumeMode::Block {
-            let path = data_path(root, pvc).ok_or_else(no_backing)?;
-            return Target::open_device(path);
-        }
         let root_fd =
             rustix::fs::open(root, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).map_err(io_err("open", root))?;
         let dir_path = root.join(&uid);
         let dir = beneath(&root_fd, &uid, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).map_err(io_err("open", &dir_path))?;
         let image = mode.image_name();
         sweep(&dir, image);
+        if mode == VolumeMode::Block {
+            let path = data_path(root, pvc).ok_or_else(no_backing)?;
+            return Target::open_device(path, ClaimDir { fd: dir, path: dir_path, image });
+        }
+        let claim_dir = ClaimDir {
+            fd: dir.try_clone().map_err(|source| TargetError::Io { what: "open", path: dir_path.clone(), source })?,
+            path: dir_path.clone(),
+            image,
+        };
         let existing = rustix::fs::statat(&dir, image, AtFlags::SYMLINK_NOFOLLOW)
             .ok()
             .filter(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile);
@@ -118,7 +144,8 @@ impl Target {
         let tmp_path = dir_path.join(&tmp);
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
         let fd = beneath(&dir, &tmp, flags, Mode::from_raw_mode(0o600)).map_err(io_err("create", &tmp_path))?;
-        let target = Target { file: File::from(fd), kind: Kind::Image { dir, dir_path, tmp, image, size, committed: false } };
+        let target =
+            Target { file: File::from(fd), kind: Kind::Image { dir, dir_path, tmp, image, size, committed: false }, dir: claim_dir };
         // The image's owner carries over (a QEMU that runs as another user must still open it).
         if let Some(st) = existing {
             let st_new = rustix::fs::fstat(&target.file).map_err(io_err("stat", &tmp_path))?;
@@ -130,14 +157,50 @@ impl Target {
         Ok(target)
     }
 
-    fn open_device(path: PathBuf) -> Result<Target, TargetError> {
+    fn open_device(path: PathBuf, dir: ClaimDir) -> Result<Target, TargetError> {
         let fd =
             rustix::fs::open(&path, OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()).map_err(io_err("open", &path))?;
         let st = rustix::fs::fstat(&fd).map_err(io_err("stat", &path))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::BlockDevice {
             return Err(TargetError::NotBlockDevice { path });
         }
-        Ok(Target { file: File::from(fd), kind: Kind::Device { path } })
+        Ok(Target { file: File::from(fd), kind: Kind::Device { path }, dir })
+    }
+
+    /// Whether the target is a block device (written in place, not a fresh sparse file).
+    pub fn is_device(&self) -> bool {
+        matches!(self.kind, Kind::Device { .. })
+    }
+
+    /// The open target, to copy into.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Makes a fresh temp image at least `len` bytes long (sparse), so that `qemu-img convert
+    /// -n` finds room for a disk of `len` bytes; a device is left as it is.
+    ///
+    /// # Errors
+    /// The resize's error, with the path.
+    pub fn reserve(&mut self, len: u64) -> Result<(), TargetError> {
+        if let Kind::Image { size, .. } = &self.kind {
+            let len = len.max(*size);
+            self.file.set_len(len).map_err(|source| TargetError::Io { what: "resize", path: self.path(), source })?;
+        }
+        Ok(())
+    }
+
+    /// Creates an empty scratch file beside the image: see the module docs.
+    ///
+    /// # Errors
+    /// When it cannot be created.
+    pub fn scratch(&self, suffix: &str) -> Result<Scratch, TargetError> {
+        let name = format!(".{}.import-{:016x}.{suffix}", self.dir.image, rand::random::<u64>());
+        let path = self.dir.path.join(&name);
+        let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL;
+        let fd = beneath(&self.dir.fd, &name, flags, Mode::from_raw_mode(0o600)).map_err(io_err("create", &path))?;
+        let dir = self.dir.fd.try_clone().map_err(|source| TargetError::Io { what: "open", path: self.dir.path.clone(), source })?;
+        Ok(Scratch { file: File::from(fd), dir, name, path })
     }
 
     /// Where the bytes go, for messages.
@@ -189,6 +252,35 @@ impl Drop for Target {
             // One unlink: short enough for whichever thread drops the target.
             let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
         }
+    }
+}
+
+impl Scratch {
+    /// The file's path, for `qemu-img` and messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `buf`.
+    ///
+    /// # Errors
+    /// The write's error, with the path.
+    pub fn write_all(&mut self, buf: &[u8]) -> Result<(), TargetError> {
+        self.file.write_all(buf).map_err(|source| TargetError::Io { what: "write", path: self.path.clone(), source })
+    }
+
+    /// Flushes the file to disk before another process reads it.
+    ///
+    /// # Errors
+    /// The sync's error, with the path.
+    pub fn sync(&self) -> Result<(), TargetError> {
+        self.file.sync_data().map_err(|source| TargetError::Io { what: "sync", path: self.path.clone(), source })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = rustix::fs::unlinkat(&self.dir, self.name.as_str(), AtFlags::empty());
     }
 }
 
