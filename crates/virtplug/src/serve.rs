@@ -63,6 +63,14 @@ pub struct ApiserverArgs {
     /// How many changes the watch changelog keeps (older resourceVersions answer 410 Expired).
     #[arg(long, default_value_t = 10_000)]
     watch_window: usize,
+    /// Log every request to this file, one JSON line each: the client's user agent, the verb,
+    /// API group, resource, subresource, namespace and name as RBAC names them, and the status
+    /// code (kube-apiserver's --audit-log-path, for checking what a component's role must grant).
+    #[arg(long)]
+    audit_log: Option<PathBuf>,
+    /// Rotate the audit log to PATH.1 at this size, in MiB (one backup is kept).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    audit_log_max_size: u64,
     #[command(flatten)]
     connections: ConnectionArgs,
     #[command(flatten)]
@@ -273,6 +281,7 @@ pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
     let mut config = apiserver::Config::new(&args.data_dir);
     config.store.watch_window = args.watch_window;
     config.connections = args.connections.limits()?;
+    config.audit = args.audit_log.map(|path| apiserver::audit::AuditConfig { path, max_bytes: args.audit_log_max_size << 20 });
     args.store.apply(&mut config);
     run(config, args.listen, None).await
 }
