@@ -224,7 +224,7 @@ pub fn host_name() -> String {
 }
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
-    let client = crate::migrate::connect(args.kubeconfig).await?;
+    let client = crate::migrate::connect(args.kubeconfig, "node").await?;
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     let mut config = node::agent::Config::new(&args.node_name.unwrap_or_else(host_name), &data_dir);
     if let Some(root) = args.storage_root {
@@ -321,7 +321,13 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
 }
 
 pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
-    let client = crate::migrate::connect(args.kubeconfig).await?;
+    let client = crate::migrate::connect(args.kubeconfig.clone(), "controller").await?;
+    // The embedded storage's requests carry their own User-Agent: a cluster's controller role
+    // grants none of them (see deploy/20-rbac.yaml).
+    let storage = match &args.storage_root {
+        Some(_) => crate::migrate::connect(args.kubeconfig.clone(), "local-storage").await?,
+        None => client.clone(),
+    };
     let config = controller::run::Config {
         legacy_volume_requests: args.legacy_volume_requests,
         storage_root: args.storage_root.clone(),
@@ -333,7 +339,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     }
     let health = Health::new();
     health.spawn(CONTROLLER, async move {
-        controller::run::run_with(client, config).await;
+        controller::run::run_with_storage_client(client, storage, config).await;
         Ok::<(), Infallible>(())
     });
     until_death_or_sigint(&health).await
