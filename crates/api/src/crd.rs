@@ -101,7 +101,12 @@ mod tests {
             let path = format!("{}/../../deploy/{}", env!("CARGO_MANIFEST_DIR"), f.file);
             let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
             let generated = manifest(f.group).expect("serializable").expect("a group with a file");
-            assert!(on_disk == generated, "{path} is stale: regenerate with: cargo run -p virtplug -- crds --group {} > deploy/{}", f.group, f.file);
+            assert!(
+                on_disk == generated,
+                "{path} is stale: regenerate with: cargo run -p virtplug -- crds --group {} > deploy/{}",
+                f.group,
+                f.file
+            );
         }
     }
 

@@ -64,6 +64,7 @@ struct Entry<'a> {
     time: String,
     user_agent: &'a str,
     method: &'a str,
+    #[serde(rename = "requestURI")]
     request_uri: &'a str,
     /// RBAC's resource attributes; for a non-resource URL only `verb` and `nonResourceURL`.
     #[serde(flatten)]
@@ -141,7 +142,7 @@ impl AuditLog {
         })();
         if let Err(e) = result {
             let n = self.failures.fetch_add(1, Ordering::Relaxed);
-            if n % 1000 == 0 {
+            if n.is_multiple_of(1000) {
                 tracing::warn!(path = %self.config.path.display(), failures = n + 1, "cannot write the audit log (requests are served without it): {e}");
             }
         }
@@ -164,7 +165,8 @@ pub async fn layer(log: Arc<AuditLog>, req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let info = requestinfo::classify(&method, &path, req.uri().query());
-    let user_agent = req.headers().get(http::header::USER_AGENT).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).unwrap_or_default();
+    let user_agent =
+        req.headers().get(http::header::USER_AGENT).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).unwrap_or_default();
     let resp = next.run(req).await;
     let entry = Entry {
         time: jiff::Timestamp::now().to_string(),
@@ -260,8 +262,17 @@ mod tests {
         let l = &got[0];
         assert_eq!(
             (&l["verb"], &l["apiGroup"], &l["resource"], &l["subresource"], &l["namespace"], &l["name"], &l["code"]),
-            (&"patch".into(), &"kubevirt.io".into(), &"virtualmachines".into(), &"status".into(), &"ns1".into(), &"vm1".into(), &404.into())
+            (
+                &"patch".into(),
+                &"kubevirt.io".into(),
+                &"virtualmachines".into(),
+                &"status".into(),
+                &"ns1".into(),
+                &"vm1".into(),
+                &404.into()
+            )
         );
+        assert_eq!(l["requestURI"], "/apis/kubevirt.io/v1/namespaces/ns1/virtualmachines/vm1/status", "the path, not the query");
         assert_eq!(l["userAgent"].as_str().unwrap().chars().count(), MAX_FIELD);
         assert!(l["userAgent"].as_str().unwrap().starts_with("evil\"}\n{"));
     }

@@ -167,7 +167,9 @@ mod tests {
 
     #[test]
     fn discovery_health_and_openapi_are_non_resource_urls() {
-        for (method, path) in [("GET", "/healthz"), ("GET", "/apis"), ("GET", "/apis/kubevirt.io"), ("GET", "/openapi/v2"), ("POST", "/version")] {
+        for (method, path) in
+            [("GET", "/healthz"), ("GET", "/apis"), ("GET", "/apis/kubevirt.io"), ("GET", "/openapi/v2"), ("POST", "/version")]
+        {
             let i = classify(&Method::from_bytes(method.as_bytes()).unwrap(), path, None);
             assert!(!i.is_resource_request, "{path}");
             assert_eq!(i.verb, method.to_lowercase(), "{path}");
