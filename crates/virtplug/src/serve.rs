@@ -71,6 +71,11 @@ pub struct ApiserverArgs {
     /// Rotate the audit log to PATH.1 at this size, in MiB (one backup is kept).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     audit_log_max_size: u64,
+    /// Admit VMs whose template breaks virtplug's invariants (a CD-ROM volume without its drive,
+    /// ...), as a Kubernetes API server with virtplug's CRDs does: no webhook checks VM specs
+    /// there, and the controller's self-heal repairs or reports them. For testing that.
+    #[arg(long)]
+    admit_invalid_vms: bool,
     #[command(flatten)]
     connections: ConnectionArgs,
     #[command(flatten)]
@@ -281,6 +286,7 @@ pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
     let mut config = apiserver::Config::new(&args.data_dir);
     config.store.watch_window = args.watch_window;
     config.connections = args.connections.limits()?;
+    config.enforce_invariants = !args.admit_invalid_vms;
     config.audit = args.audit_log.map(|path| apiserver::audit::AuditConfig { path, max_bytes: args.audit_log_max_size << 20 });
     args.store.apply(&mut config);
     run(config, args.listen, None).await
