@@ -19,9 +19,10 @@
 //! - [`pki`]: CA, serving certificate and token, created on first start; [`files`]: the data
 //!   dir's ownership and modes; [`conn`]: connection limits and timeouts (all three from
 //!   [`tlsserve`], shared with the Redfish service); [`health`]: `/readyz` over the long-lived
-//!   tasks.
+//!   tasks; [`audit`]: the audit log, one line per request in RBAC's terms.
 
 pub mod apply;
+pub mod audit;
 pub mod body;
 pub mod call;
 pub mod crd;
@@ -91,6 +92,8 @@ pub enum ServerError {
     Open(#[source] tokio::task::JoinError),
     #[error("the TLS configuration is invalid")]
     Tls(#[source] tlsserve::TlsError),
+    #[error(transparent)]
+    Audit(#[from] audit::OpenError),
     #[error("cannot listen on {addr}")]
     Listen {
         addr: SocketAddr,
@@ -119,6 +122,8 @@ pub struct Config {
     /// Serve KubeVirt's `subresources.kubevirt.io` API (default). Turned off only to model a
     /// cluster with KubeVirt's CRDs but no virt-api, where clients must edit the VM instead.
     pub kubevirt_subresources: bool,
+    /// Log every request served over the network ([`Server::router`]) here; `None`: no log.
+    pub audit: Option<audit::AuditConfig>,
 }
 
 impl Config {
@@ -134,6 +139,7 @@ impl Config {
             connections: conn::Limits::default(),
             event_ttl: Some(std::time::Duration::from_secs(3600)),
             kubevirt_subresources: true,
+            audit: None,
         }
     }
 }
@@ -145,6 +151,7 @@ pub struct Server {
     data_dir: PathBuf,
     health: health::Health,
     connections: conn::Limits,
+    audit: Option<Arc<audit::AuditLog>>,
 }
 
 /// Namespaces created at start when missing: Kubernetes' `default` and `kube-system`, and
@@ -169,6 +176,7 @@ impl Server {
     pub async fn open(config: &Config, listen: Option<SocketAddr>) -> Result<Server, ServerError> {
         // Files, SQLite and key generation block: off the reactor.
         let (data_dir, store_config) = (config.data_dir.clone(), config.store.clone());
+        let audit = config.audit.as_ref().map(audit::AuditLog::open).transpose()?.map(Arc::new);
         let (store, credentials) =
             tokio::task::spawn_blocking(move || open_data_dir(&data_dir, &store_config, listen)).await.map_err(ServerError::Open)??;
         // The OpenAPI documents take a moment to build: start now, not at kubectl's first request.
@@ -229,7 +237,7 @@ impl Server {
             watches: watch::WatchSlots::default(),
             kubevirt_subresources: config.kubevirt_subresources,
         });
-        Ok(Server { state, credentials, data_dir: config.data_dir.clone(), health, connections: config.connections.clone() })
+        Ok(Server { state, credentials, data_dir: config.data_dir.clone(), health, connections: config.connections.clone(), audit })
     }
 
     /// The liveness of the server's long-lived tasks; `/readyz` answers from it, and an embedder
@@ -269,13 +277,20 @@ impl Server {
     }
 
     /// Routes that require the bearer token, except GET of `/healthz`, `/readyz`, `/livez`,
-    /// `/version`.
+    /// `/version`; with [`Config::audit`], every request (refused ones too) is logged.
     pub fn router(&self) -> Router {
         let token: Arc<[u8]> = format!("Bearer {}", self.credentials.token).into_bytes().into();
-        self.local_router().layer(middleware::from_fn(move |req: Request, next: Next| {
+        let router = self.local_router().layer(middleware::from_fn(move |req: Request, next: Next| {
             let token = Arc::clone(&token);
             async move { authenticate(&token, req, next).await }
-        }))
+        }));
+        match &self.audit {
+            Some(log) => {
+                let log = Arc::clone(log);
+                router.layer(middleware::from_fn(move |req: Request, next: Next| audit::layer(Arc::clone(&log), req, next)))
+            }
+            None => router,
+        }
     }
 
     /// Writes `DATA_DIR/kubeconfig` for `server_url` (atomically) and returns its path.

@@ -32,6 +32,16 @@ pub enum ConnectError {
     Infer(#[source] kube::config::InferConfigError),
     #[error("cannot build a client")]
     Client(#[source] kube::Error),
+    #[error("the user agent {0:?} is not a valid header value")]
+    UserAgent(String),
+}
+
+/// The `User-Agent` of a virtplug component (`virtplug-controller/0.1.0`): what the API
+/// server's audit log tells components apart by, and the default field manager of its writes
+/// (the part before `/`, as kube-apiserver takes it).
+#[must_use]
+pub fn user_agent(component: &str) -> String {
+    format!("virtplug-{component}/{}", env!("CARGO_PKG_VERSION"))
 }
 
 /// A client from the kubeconfig at `path`, or, without one, from `$KUBECONFIG`,
@@ -40,6 +50,22 @@ pub enum ConnectError {
 /// # Errors
 /// When the kubeconfig cannot be read or names no usable cluster.
 pub async fn connect(path: Option<&Path>) -> Result<kube::Client, ConnectError> {
+    kube::Client::try_from(config(path).await?).map_err(ConnectError::Client)
+}
+
+/// [`connect`], sending `user_agent` (see [`user_agent`]) with every request.
+///
+/// # Errors
+/// As [`connect`]; and when `user_agent` is not a valid header value.
+pub async fn connect_as(path: Option<&Path>, user_agent: &str) -> Result<kube::Client, ConnectError> {
+    let mut config = config(path).await?;
+    let value = http::HeaderValue::from_str(user_agent).map_err(|_| ConnectError::UserAgent(user_agent.to_owned()))?;
+    config.headers.push((http::header::USER_AGENT, value));
+    kube::Client::try_from(config).map_err(ConnectError::Client)
+}
+
+/// The client configuration of [`connect`].
+async fn config(path: Option<&Path>) -> Result<kube::Config, ConnectError> {
     let config = match path {
         Some(path) => {
             let kc =
@@ -50,7 +76,7 @@ pub async fn connect(path: Option<&Path>) -> Result<kube::Client, ConnectError> 
         }
         None => kube::Config::infer().await.map_err(ConnectError::Infer)?,
     };
-    kube::Client::try_from(config).map_err(ConnectError::Client)
+    Ok(config)
 }
 
 /// A client that calls `service` (the embedded server's router) directly, in the same process.

@@ -115,10 +115,18 @@ where
 /// Runs the VM controller (and, with a storage root, the provisioner and importer) until the
 /// process stops.
 pub async fn run_with(client: kube::Client, config: Config) {
+    run_with_storage_client(client.clone(), client, config).await;
+}
+
+/// [`run_with`], with the provisioner and importer on a client of their own, `storage`: with a
+/// User-Agent of its own, the API server's audit log tells their requests from the VM
+/// controller's, so a cluster role for the controller need not grant what only the embedded
+/// storage does (`deploy/20-rbac.yaml`).
+pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client, config: Config) {
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(root) = config.storage_root.clone() {
-        tasks.spawn(crate::storage::provisioner::run(client.clone(), root.clone()));
-        let (c, import) = (client.clone(), config.import.clone());
+        tasks.spawn(crate::storage::provisioner::run(storage.clone(), root.clone()));
+        let (c, import) = (storage, config.import.clone());
         tasks.spawn(async move {
             if let Err(e) = crate::storage::import::run(c, root, import).await {
                 tracing::error!("the DataVolume importer cannot start: {e}");

@@ -66,8 +66,13 @@ enum Command {
         #[command(flatten)]
         common: cli::Common,
     },
-    /// Print the CRD manifests for cluster mode (deploy/crds.yaml).
-    Crds,
+    /// Print the CRD manifests for cluster mode (deploy/10-crds-kubevirt.yaml and
+    /// deploy/11-crd-datavolume.yaml).
+    Crds {
+        /// Only this API group's file: kubevirt.io or cdi.kubevirt.io [default: both files].
+        #[arg(long)]
+        group: Option<String>,
+    },
     /// One-off migrations of a cluster's objects.
     #[command(subcommand)]
     Migrate(migrate::Migrate),
@@ -124,9 +129,16 @@ fn main() -> std::process::ExitCode {
                 Ok(false) => std::process::exit(1),
                 Err(e) => Err(e),
             },
-            Command::Crds => {
-                for crd in api::crd::all() {
-                    println!("---\n{}", serde_yaml::to_string(&crd)?);
+            Command::Crds { group } => {
+                let groups: Vec<&str> = match &group {
+                    Some(g) => vec![g.as_str()],
+                    None => api::crd::DEPLOY_FILES.iter().map(|f| f.group).collect(),
+                };
+                for g in groups {
+                    let Some(text) = api::crd::manifest(g)? else {
+                        anyhow::bail!("virtplug has no CRD in group {g:?}: use kubevirt.io or cdi.kubevirt.io");
+                    };
+                    print!("{text}");
                 }
                 Ok(())
             }

@@ -31,17 +31,19 @@ pub struct HotplugArgs {
     output: String,
 }
 
-/// The kubeconfig to use when none is given: the `up` data dir's, if no other is found.
-pub async fn connect(explicit: Option<PathBuf>) -> anyhow::Result<kube::Client> {
+/// A client for `component` (its User-Agent says which: [`client::user_agent`]). The kubeconfig
+/// to use when none is given: the `up` data dir's, if no other is found.
+pub async fn connect(explicit: Option<PathBuf>, component: &str) -> anyhow::Result<kube::Client> {
+    let agent = client::user_agent(component);
     if let Some(p) = explicit {
-        return client::connect(Some(&p)).await.with_context(|| format!("cannot use the kubeconfig {}", p.display()));
+        return client::connect_as(Some(&p), &agent).await.with_context(|| format!("cannot use the kubeconfig {}", p.display()));
     }
-    match client::connect(None).await {
+    match client::connect_as(None, &agent).await {
         Ok(c) => Ok(c),
         Err(e) => {
             let up = crate::default_data_dir().join("kubeconfig");
             if up.is_file() {
-                client::connect(Some(&up)).await.with_context(|| format!("cannot use the kubeconfig {}", up.display()))
+                client::connect_as(Some(&up), &agent).await.with_context(|| format!("cannot use the kubeconfig {}", up.display()))
             } else {
                 Err(e).context("no kubeconfig: pass --kubeconfig, set $KUBECONFIG, or start `virtplug up`")
             }
@@ -52,7 +54,7 @@ pub async fn connect(explicit: Option<PathBuf>) -> anyhow::Result<kube::Client> 
 /// Runs the subcommand; returns whether the run succeeded (exit 0) or failed closed.
 pub async fn run(cmd: Migrate) -> anyhow::Result<bool> {
     let Migrate::HotplugToDeclarative(args) = cmd;
-    let client = connect(args.kubeconfig).await?;
+    let client = connect(args.kubeconfig, "migrate").await?;
     let opts = Options { namespace: args.namespace, dry_run: args.dry_run, ..Options::default() };
     let report = migrate::run(&client, &opts).await?;
     if args.output == "json" {

@@ -84,7 +84,7 @@ struct AddArgs {
 }
 
 pub async fn run(args: RedfishArgs) -> anyhow::Result<()> {
-    let client = crate::migrate::connect(args.kubeconfig.clone()).await?;
+    let client = crate::migrate::connect(args.kubeconfig.clone(), "redfish").await?;
     match args.cmd {
         Some(RedfishCmd::Account { cmd }) => account(&client, cmd).await,
         None => serve(client, args).await,

@@ -67,6 +67,19 @@ pub struct ApiserverArgs {
     /// virt-api would (what the CLI's fallback to editing the VM is tested against).
     #[arg(long)]
     without_kubevirt_subresources: bool,
+    /// Log every request to this file, one JSON line each: the client's user agent, the verb,
+    /// API group, resource, subresource, namespace and name as RBAC names them, and the status
+    /// code (kube-apiserver's --audit-log-path, for checking what a component's role must grant).
+    #[arg(long)]
+    audit_log: Option<PathBuf>,
+    /// Rotate the audit log to PATH.1 at this size, in MiB (one backup is kept).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    audit_log_max_size: u64,
+    /// Admit VMs whose template breaks virtplug's invariants (a CD-ROM volume without its drive,
+    /// ...), as a Kubernetes API server with virtplug's CRDs does: no webhook checks VM specs
+    /// there, and the controller's self-heal repairs or reports them. For testing that.
+    #[arg(long)]
+    admit_invalid_vms: bool,
     #[command(flatten)]
     connections: ConnectionArgs,
     #[command(flatten)]
@@ -235,7 +248,7 @@ pub fn host_name() -> String {
 }
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
-    let client = crate::migrate::connect(args.kubeconfig).await?;
+    let client = crate::migrate::connect(args.kubeconfig, "node").await?;
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     let mut config = node::agent::Config::new(&args.node_name.unwrap_or_else(host_name), &data_dir);
     if let Some(root) = args.storage_root {
@@ -331,6 +344,8 @@ pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
     config.store.watch_window = args.watch_window;
     config.kubevirt_subresources = !args.without_kubevirt_subresources;
     config.connections = args.connections.limits()?;
+    config.enforce_invariants = !args.admit_invalid_vms;
+    config.audit = args.audit_log.map(|path| apiserver::audit::AuditConfig { path, max_bytes: args.audit_log_max_size << 20 });
     args.store.apply(&mut config);
     run(config, args.listen, None).await
 }
@@ -370,7 +385,13 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
 }
 
 pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
-    let client = crate::migrate::connect(args.kubeconfig).await?;
+    let client = crate::migrate::connect(args.kubeconfig.clone(), "controller").await?;
+    // The embedded storage's requests carry their own User-Agent: a cluster's controller role
+    // grants none of them (see deploy/20-rbac.yaml).
+    let storage = match &args.storage_root {
+        Some(_) => crate::migrate::connect(args.kubeconfig.clone(), "local-storage").await?,
+        None => client.clone(),
+    };
     let config = controller::run::Config {
         legacy_volume_requests: args.legacy_volume_requests,
         storage_root: args.storage_root.clone(),
@@ -385,8 +406,8 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         registry: component_registry(),
     };
     let endpoints = crate::endpoints::serve(args.health_listen, state).await?;
-    let storage = args.storage_root.as_ref().map_or("no local storage".to_owned(), |r| format!("local storage under {}", r.display()));
-    eprintln!("virtplug controller: running ({storage}; /healthz, /readyz, /metrics on http://{endpoints}; SIGTERM or Ctrl-C stops it)");
+    let storage_note = args.storage_root.as_ref().map_or("no local storage".to_owned(), |r| format!("local storage under {}", r.display()));
+    eprintln!("virtplug controller: running ({storage_note}; /healthz, /readyz, /metrics on http://{endpoints}; SIGTERM or Ctrl-C stops it)");
     let elector = args.leader_elect.then(|| {
         let identity = args.leader_election_identity.clone().unwrap_or_else(|| format!("{}_{}", host_name(), std::process::id()));
         let lease = args.leader_election_lease;
@@ -410,9 +431,9 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             Some(elector) => {
                 controller::leader::run_while_leading(&elector, &leading_tx, || {
                     controller::metrics::leader().set(1);
-                    let (client, config) = (client.clone(), config.clone());
+                    let (client, storage, config) = (client.clone(), storage.clone(), config.clone());
                     async move {
-                        controller::run::run_with(client, config).await;
+                        controller::run::run_with_storage_client(client, storage, config).await;
                         controller::metrics::leader().set(0);
                     }
                 })
@@ -420,7 +441,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             }
             None => {
                 controller::metrics::leader().set(1);
-                controller::run::run_with(client, config).await;
+                controller::run::run_with_storage_client(client, storage, config).await;
             }
         }
         Ok::<(), Infallible>(())

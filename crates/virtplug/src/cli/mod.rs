@@ -48,7 +48,7 @@ pub(crate) fn humantime(s: &str) -> Result<Duration, String> {
 }
 
 async fn connect(c: &Common) -> anyhow::Result<kube::Client> {
-    crate::migrate::connect(c.kubeconfig.clone()).await
+    crate::migrate::connect(c.kubeconfig.clone(), "cli").await
 }
 
 fn print_objects<T: serde::Serialize>(

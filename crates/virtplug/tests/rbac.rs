@@ -1,0 +1,409 @@
+//! The ClusterRoles of `deploy/20-rbac.yaml` grant exactly what the code calls: every request
+//! the controller and the node agent send is granted by their role, and every verb a role
+//! grants is used.
+//!
+//! Method: `virtplug apiserver --audit-log`, `virtplug controller --storage-root` and
+//! `virtplug node` as their own processes on loopback (real HTTPS, real QEMU under TCG; the VM
+//! boots no OS: the scenario's proof is in the API, not the guest). The test's own client has
+//! its own User-Agent; each component has one too (`virtplug-controller/…`, `virtplug-node/…`,
+//! and `virtplug-local-storage/…` for the controller's embedded provisioner and importer), and
+//! the audit log says, per request, who sent it and what it asked in RBAC's terms (verb, API
+//! group, resource, subresource). The scenario drives a VM through create, running, hot-plug
+//! of a claim, unplug, stop and delete, and deletes the claim, which is everything the
+//! components do on a cluster (imports aside: `virtplug-local-storage` is only for single-node
+//! setups and is checked the same way).
+//!
+//! Caveats: a request the components only send on paths this scenario does not take (an error
+//! path, a restart's adoption) would be missed; the "nothing more" half then fails for a grant
+//! nobody exercised, so a grant is kept only with a scenario step that uses it.
+//!
+//! Every process is killed by PID when the test ends, pass or fail, and QEMU too.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use api::phases::VolumePhase;
+use api::{VirtualMachine, VirtualMachineInstance};
+
+/// Deadline of QEMU's start under TCG on a loaded machine.
+const RUN: Duration = Duration::from_secs(120);
+/// Deadline of each API-level step.
+const STEP: Duration = Duration::from_secs(60);
+
+/// A process this test started, killed (SIGKILL, by PID) and reaped when dropped.
+struct Proc {
+    name: &'static str,
+    child: Option<Child>,
+}
+
+impl Proc {
+    /// Stops it with SIGINT (what `virtplug controller` and `node` stop on) and waits for its
+    /// exit; panics naming it if it does not exit within the deadline.
+    async fn interrupt(&mut self) {
+        let Some(mut c) = self.child.take() else { return };
+        let pid = rustix::process::Pid::from_raw(i32::try_from(c.id()).unwrap()).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+        let name = self.name;
+        let exited = common::wait_until(STEP, &format!("{name} to exit after SIGINT"), || {
+            let r = c.try_wait().unwrap();
+            async move { r }
+        })
+        .await;
+        eprintln!("{name} exited: {exited}");
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The test's directory; dropped last: kills the QEMUs under it and detaches its loop devices.
+struct Dir(tempfile::TempDir);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        // On failure, the components' logs say why (the directory goes with the test).
+        if std::thread::panicking() {
+            for name in ["apiserver", "controller", "node"] {
+                let text = std::fs::read_to_string(self.0.path().join(format!("{name}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                eprintln!("--- {name}.log (last 40 lines)\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            }
+        }
+        for d in std::fs::read_dir(self.0.path().join("node/vmis")).into_iter().flatten().flatten() {
+            if let Ok(p) = qemu::process::adopt(&d.path()) {
+                if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+        }
+        for (dev, _) in controller::storage::loopdev::under(&self.0.path().join("storage")) {
+            let _ = controller::storage::loopdev::detach(&dev);
+        }
+    }
+}
+
+/// Starts `virtplug ARGS`, its stderr (and, unless `piped`, its stdout) in `DIR/NAME.log`.
+fn spawn(name: &'static str, dir: &Path, args: &[&str], piped: bool) -> Proc {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    let stdout = if piped { Stdio::piped() } else { Stdio::from(log.try_clone().unwrap()) };
+    let child = Command::new(env!("CARGO_BIN_EXE_virtplug")).args(args).stdout(stdout).stderr(log).spawn().unwrap();
+    Proc { name, child: Some(child) }
+}
+
+/// Starts the API server with the audit log and waits (deadline 60 s) for its URL line.
+fn apiserver(dir: &Path) -> Proc {
+    let data = dir.join("api");
+    let audit = dir.join("audit.log");
+    let mut p = spawn(
+        "apiserver",
+        dir,
+        // --admit-invalid-vms: as on a cluster, where no webhook checks VM specs and the
+        // controller's self-heal (its Events, its VM writes) has work to do.
+        &[
+            "apiserver",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--audit-log",
+            audit.to_str().unwrap(),
+            "--admit-invalid-vms",
+        ],
+        true,
+    );
+    let stdout = p.child.as_mut().and_then(|c| c.stdout.take()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = tx.send(lines.by_ref().map_while(Result::ok).any(|l| l.contains("is serving the Kubernetes API at")));
+        // Keep draining stdout so the server never blocks on a full pipe.
+        for _ in lines {}
+    });
+    if rx.recv_timeout(Duration::from_secs(60)) != Ok(true) {
+        drop(p);
+        panic!("the API server printed no URL within 60 s:\n{}", std::fs::read_to_string(dir.join("apiserver.log")).unwrap_or_default());
+    }
+    p
+}
+
+/// A rule of a ClusterRole, flattened: (API group, resource[/subresource], verb).
+type Grant = (String, String, String);
+
+/// The grants of each ClusterRole in `deploy/20-rbac.yaml`, by role name. Wildcards are refused:
+/// a least-privilege role names what it grants.
+fn roles() -> BTreeMap<String, BTreeSet<Grant>> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/20-rbac.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = BTreeMap::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let doc = Value::deserialize(doc).unwrap();
+        if doc["kind"] != "ClusterRole" {
+            continue;
+        }
+        let mut grants = BTreeSet::new();
+        for rule in doc["rules"].as_array().unwrap() {
+            assert!(rule.get("nonResourceURLs").is_none() && rule.get("resourceNames").is_none(), "unexpected rule shape: {rule}");
+            let strings = |k: &str| -> Vec<String> { rule[k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect() };
+            for g in strings("apiGroups") {
+                for r in strings("resources") {
+                    for v in strings("verbs") {
+                        assert!(![&g, &r, &v].iter().any(|s| s.contains('*')), "a wildcard in {}: {rule}", doc["metadata"]["name"]);
+                        grants.insert((g.clone(), r.clone(), v));
+                    }
+                }
+            }
+        }
+        out.insert(doc["metadata"]["name"].as_str().unwrap().to_owned(), grants);
+    }
+    out
+}
+
+/// The audit log's lines.
+fn audit(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("audit.log")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The User-Agent of the test's own client.
+const TEST_AGENT: &str = "virtplug-rbac-test/0";
+
+/// Which role each component's User-Agent (up to `/`) must be granted by.
+const COMPONENTS: [(&str, &str); 3] = [
+    ("virtplug-controller", "virtplug-controller"),
+    ("virtplug-node", "virtplug-node"),
+    ("virtplug-local-storage", "virtplug-local-storage"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_roles_grant_exactly_what_the_components_call() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = Dir(tempfile::tempdir().unwrap());
+    let d = dir.0.path().to_owned();
+    let mut api = apiserver(&d);
+    let kubeconfig: PathBuf = d.join("api/kubeconfig");
+    let kc = kubeconfig.to_str().unwrap();
+    let storage = d.join("storage");
+    // The DataVolume's image is served on loopback, which imports refuse unless allowed.
+    let ctl_args = ["controller", "--kubeconfig", kc, "--storage-root", storage.to_str().unwrap(), "--import-allow-host", "127.0.0.1"];
+    let mut ctl = spawn("controller", &d, &ctl_args, false);
+    let mut node = spawn(
+        "node",
+        &d,
+        &["node", "--kubeconfig", kc, "--node-name", "rbac-node", "--data-dir", d.to_str().unwrap(), "--accel", "tcg"],
+        false,
+    );
+    let client = client::connect_as(Some(&kubeconfig), TEST_AGENT).await.unwrap();
+    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), "default");
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let put = |sub: &'static str, body: Value| {
+        let client = client.clone();
+        async move {
+            let req = http::Request::builder()
+                .method("PUT")
+                .uri(format!("/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/r/{sub}"))
+                .header("content-type", "application/json")
+                .body(kube::client::Body::from(body.to_string().into_bytes()))
+                .unwrap();
+            let code = client.send(req).await.unwrap().status().as_u16();
+            assert_eq!(code, 202, "PUT {sub}");
+        }
+    };
+
+    // Self-heal, what the controller writes VMs and Events for: a halted VM whose CD-ROM
+    // volume lost its drive is reported (Event InvariantViolated); marked as virtual media, its
+    // drive is re-added (a VM write, Event VirtualMediaDriveRestored); lost again, re-added again
+    // (the same Event, counted: a patch).
+    // Its dataVolumeTemplates give a DataVolume (the controller creates it) that the local
+    // importer fills from a loopback HTTP server.
+    let url = common::guest::serve_file(vec![0x5a; 1 << 20]).await;
+    let mut heal = common::vm("heal");
+    heal["spec"]["dataVolumeTemplates"] = json!([{"metadata": {"name": "img"}, "spec": {"source": {"http": {"url": url}}, "storage": {"resources": {"requests": {"storage": "4Mi"}}}}}]);
+    heal["spec"]["template"]["spec"]["domain"]["devices"]["disks"] = json!([{"name": "root", "bootOrder": 1, "disk": {"bus": "virtio"}}]);
+    heal["spec"]["template"]["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "cdrom0", "dataVolume": {"name": "iso", "hotpluggable": true}}));
+    vms.create(&PostParams::default(), &serde_json::from_value(heal).unwrap()).await.unwrap();
+    let reported = |reason: &'static str, count: i32| {
+        let client = client.clone();
+        async move {
+            let found = client::events::list(&client, "default", "heal", reason).await.ok()?;
+            found.iter().any(|e| e.count.unwrap_or(1) >= count).then_some(())
+        }
+    };
+    common::wait_until(STEP, "Event InvariantViolated about VM heal", || reported("InvariantViolated", 1)).await;
+    for round in 1..=2 {
+        if round == 2 {
+            let lose = json!([{"op": "replace", "path": "/spec/template/spec/domain/devices/disks", "value": [{"name": "root", "bootOrder": 1, "disk": {"bus": "virtio"}}]}]);
+            vms.patch("heal", &kube::api::PatchParams::default(), &kube::api::Patch::Json::<()>(serde_json::from_value(lose).unwrap()))
+                .await
+                .unwrap();
+        } else {
+            client::blind_patch(&vms, "heal", client::MetaKey::Annotation, controller::selfheal::VIRTUAL_MEDIA, Some("cdrom0"))
+                .await
+                .unwrap();
+        }
+        common::wait_until(STEP, &format!("Event VirtualMediaDriveRestored about VM heal counted {round} time(s)"), || {
+            reported("VirtualMediaDriveRestored", round)
+        })
+        .await;
+    }
+    let dvs: Api<api::DataVolume> = Api::namespaced(client.clone(), "default");
+    common::wait_until(STEP, "DataVolume img (VM heal's template) imported: phase Succeeded", || {
+        let dvs = dvs.clone();
+        async move {
+            let phase = dvs.get("img").await.ok()?.status?.phase?;
+            (serde_json::to_value(phase).ok()? == "Succeeded").then_some(())
+        }
+    })
+    .await;
+    // Its DataVolume goes with it (owner reference).
+    vms.delete("heal", &DeleteParams::default()).await.unwrap();
+
+    // Create -> running.
+    let mut vm = common::vm("r");
+    vm["spec"]["runStrategy"] = json!("Always");
+    // No OS answers the ACPI shutdown: the stop kills QEMU after the grace period.
+    vm["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(1);
+    vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+    common::wait_until(RUN, "VMI r Running on rbac-node", || {
+        let vmis = vmis.clone();
+        async move { vmis.get_opt("r").await.ok()?.filter(VirtualMachineInstance::is_running).map(|_| ()) }
+    })
+    .await;
+
+    // A claim the local provisioner binds.
+    let claim =
+        json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}}});
+    pvcs.create(&PostParams::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+    let data_pv = std::sync::Mutex::new(String::new());
+    // Plug, unplug, and plug and unplug again: the second unplug's Event is the first one,
+    // counted (the node agent's Event patch).
+    for round in 1..=2 {
+        put(
+            "addvolume",
+            json!({"name": "data", "disk": {"disk": {"bus": "scsi"}}, "volumeSource": {"persistentVolumeClaim": {"claimName": "data"}}}),
+        )
+        .await;
+        common::wait_until(RUN, &format!("volume data Ready in VMI r (attached by the node agent, round {round})"), || {
+            let vmis = vmis.clone();
+            async move { (vmis.get("r").await.ok()?.status?.volume("data")?.phase == Some(VolumePhase::Ready)).then_some(()) }
+        })
+        .await;
+        if round == 2 {
+            // Deleted while plugged: the provisioner keeps the storage and says why (Event
+            // ClaimInUse); woken again by a label, it says so again (the Event counted).
+            *data_pv.lock().unwrap() = pvcs.get("data").await.unwrap().spec.unwrap().volume_name.unwrap();
+            pvcs.delete("data", &DeleteParams::default()).await.unwrap();
+            for count in 1..=2 {
+                if count == 2 {
+                    let label = json!({"metadata": {"labels": {"rbac-test": "poke"}}});
+                    pvcs.patch("data", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(label)).await.unwrap();
+                }
+                common::wait_until(STEP, &format!("Event ClaimInUse about claim data counted {count} time(s)"), || {
+                    let client = client.clone();
+                    async move {
+                        let found = client::events::list(&client, "default", "data", "ClaimInUse").await.ok()?;
+                        found.iter().any(|e| e.count.unwrap_or(1) >= count).then_some(())
+                    }
+                })
+                .await;
+            }
+        }
+        put("removevolume", json!({"name": "data"})).await;
+        common::wait_until(RUN, &format!("volume data gone from VMI r's status and Event VolumeUnplugged counted {round} time(s)"), || {
+            let (vmis, client) = (vmis.clone(), client.clone());
+            async move {
+                vmis.get("r").await.ok()?.status?.volume("data").is_none().then_some(())?;
+                let found = client::events::list(&client, "default", "r", "VolumeUnplugged").await.ok()?;
+                found.iter().any(|e| e.count.unwrap_or(1) >= round).then_some(())
+            }
+        })
+        .await;
+    }
+
+    // Stop, delete; the claim (and its volume) too.
+    put("stop", json!({})).await;
+    common::wait_until(RUN, "VMI r gone after stop", || {
+        let vmis = vmis.clone();
+        async move { vmis.get_opt("r").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    vms.delete("r", &DeleteParams::default()).await.unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    // Known bug (found here): the provisioner wakes a claim on a VMI's change only for the
+    // claims the VMI's new version uses, so a claim deleted while plugged is not woken by its
+    // unplug nor by the VMI's deletion, and stays Terminating. Woken by hand until that is fixed.
+    let label = json!({"metadata": {"labels": {"rbac-test": "wake"}}});
+    pvcs.patch("data", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(label)).await.unwrap();
+    let pv = data_pv.lock().unwrap().clone();
+    common::wait_until(STEP, &format!("VMs r and heal, DataVolume img, claim data and its PersistentVolume {pv} gone"), || {
+        let (vms, pvcs, pvs, pv, dvs) = (vms.clone(), pvcs.clone(), pvs.clone(), pv.clone(), dvs.clone());
+        async move {
+            let gone = vms.list(&Default::default()).await.ok()?.items.is_empty()
+                && dvs.get_opt("img").await.ok()?.is_none()
+                && pvcs.get_opt("data").await.ok()?.is_none()
+                && pvs.get_opt(&pv).await.ok()?.is_none();
+            gone.then_some(())
+        }
+    })
+    .await;
+    ctl.interrupt().await;
+    node.interrupt().await;
+    api.interrupt().await;
+
+    let roles = roles();
+    let lines = audit(&d);
+    let mut used: BTreeMap<&str, BTreeSet<Grant>> = BTreeMap::new();
+    let mut refused = Vec::new();
+    for l in &lines {
+        let agent = l["userAgent"].as_str().unwrap();
+        if agent == TEST_AGENT {
+            continue;
+        }
+        let component = agent.split('/').next().unwrap();
+        let Some((_, role)) = COMPONENTS.iter().find(|(c, _)| *c == component) else {
+            panic!("a request from an unknown client (every component must say who it is): {l}");
+        };
+        let grants = roles.get(*role).unwrap_or_else(|| panic!("no ClusterRole {role} in deploy/20-rbac.yaml"));
+        assert!(l.get("nonResourceURL").is_none(), "{component} asked a non-resource URL, which no role grants: {l}");
+        let s = |k: &str| l[k].as_str().unwrap().to_owned();
+        let resource = if s("subresource").is_empty() { s("resource") } else { format!("{}/{}", s("resource"), s("subresource")) };
+        let grant = (s("apiGroup"), resource, s("verb"));
+        if !grants.contains(&grant) {
+            refused.push(format!("{role}: {grant:?} ({} {} -> {})", l["method"], l["requestURI"], l["code"]));
+        }
+        used.entry(role).or_default().insert(grant);
+    }
+    refused.sort();
+    refused.dedup();
+    assert!(refused.is_empty(), "requests the roles do not grant:\n  {}", refused.join("\n  "));
+    for (_, role) in COMPONENTS {
+        let unused: Vec<&Grant> = roles[role].iter().filter(|g| !used.get(role).is_some_and(|u| u.contains(*g))).collect();
+        assert!(unused.is_empty(), "{role} grants what no request used: {unused:?}");
+    }
+    eprintln!("{} audited requests; every grant used:", lines.len());
+    for (role, grants) in &used {
+        for (g, r, v) in grants {
+            eprintln!("  {role}: {v} {}{r}", if g.is_empty() { String::new() } else { format!("{g}/") });
+        }
+    }
+}
