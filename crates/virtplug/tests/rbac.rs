@@ -201,15 +201,29 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
     let kc = kubeconfig.to_str().unwrap();
     let storage = d.join("storage");
     // The DataVolume's image is served on loopback, which imports refuse unless allowed.
-    let ctl_args = ["controller", "--kubeconfig", kc, "--storage-root", storage.to_str().unwrap(), "--import-allow-host", "127.0.0.1"];
+    let ctl_args = [
+        "controller",
+        "--kubeconfig",
+        kc,
+        "--storage-root",
+        storage.to_str().unwrap(),
+        "--import-allow-host",
+        "127.0.0.1",
+        "--health-listen",
+        "127.0.0.1:0",
+        "--node-heartbeat-timeout",
+        "3s",
+    ];
     let mut ctl = spawn("controller", &d, &ctl_args, false);
     let mut node = spawn(
         "node",
         &d,
-        &["node", "--kubeconfig", kc, "--node-name", "rbac-node", "--data-dir", d.to_str().unwrap(), "--accel", "tcg"],
+        &["node", "--kubeconfig", kc, "--node-name", "rbac-node", "--data-dir", d.to_str().unwrap(), "--accel", "tcg", "--health-listen", "127.0.0.1:0", "--heartbeat-interval", "1s"],
         false,
     );
     let client = client::connect_as(Some(&kubeconfig), TEST_AGENT).await.unwrap();
+    // The kubelet registers the Node (STAND-IN: the test, with its own User-Agent).
+    common::fakenode::kubelet(&client, "rbac-node").await;
     let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), "default");
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
@@ -347,6 +361,49 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
         async move { vmis.get_opt("r").await.ok()?.is_none().then_some(()) }
     })
     .await;
+    // A second VM on the node, for its loss.
+    let mut vm = common::vm("f");
+    vm["spec"]["runStrategy"] = json!("Always");
+    vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+    common::wait_until(RUN, "VMI f Running on rbac-node", || {
+        let vmis = vmis.clone();
+        async move { vmis.get_opt("f").await.ok()?.filter(VirtualMachineInstance::is_running).map(|_| ()) }
+    })
+    .await;
+    // The node is lost (its agent killed, its QEMU with it, as a machine's loss would) and fenced
+    // by its administrator: the controller takes it out of scheduling (a Node patch), fails VMI f,
+    // and releases the failed VMI's finalizer once a fresh read confirms the node is fenced (a
+    // Node get).
+    if let Some(mut c) = node.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let first_uid = vmis.get("f").await.unwrap().metadata.uid;
+    for d in std::fs::read_dir(d.join("node/vmis")).into_iter().flatten().flatten() {
+        if let Ok(p) = qemu::process::adopt(&d.path()) {
+            if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    common::wait_until(STEP, "rbac-node taken out of scheduling after its heartbeat stopped", || {
+        let nodes = nodes.clone();
+        async move {
+            let n = nodes.get("rbac-node").await.ok()?;
+            (n.metadata.labels?.get(api::annotations::NODE_SCHEDULABLE)? == "false").then_some(())
+        }
+    })
+    .await;
+    let taint = json!({"spec": {"taints": [{"key": api::annotations::OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}]}});
+    nodes.patch("rbac-node", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(taint)).await.unwrap();
+    common::wait_until(STEP, "the fenced node's VMI f failed and replaced (its finalizer released)", || {
+        let (vmis, first_uid) = (vmis.clone(), first_uid.clone());
+        async move { vmis.get_opt("f").await.ok()?.filter(|v| v.metadata.uid != first_uid).map(|_| ()) }
+    })
+    .await;
+
+    vms.delete("f", &DeleteParams::default()).await.unwrap();
     vms.delete("r", &DeleteParams::default()).await.unwrap();
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     // Known bug (found here): the provisioner wakes a claim on a VMI's change only for the
