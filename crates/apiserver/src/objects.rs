@@ -445,6 +445,38 @@ impl Objects {
         self.guaranteed_update(def, ns, name, false, dry_run, Track::Update(None), |cur| compute(&cur.object), part).await
     }
 
+    /// `pods/binding`: like [`Objects::update_with`] on the main part, but the update rules of
+    /// the kind ([`validate_update`]) are not applied — the bind is the one writer allowed to
+    /// set a Pod's `spec.nodeName` (and `status` with it); `compute` enforces its own rules.
+    ///
+    /// # Errors
+    /// What `compute` returns, 404.
+    pub async fn bind(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        compute: impl Fn(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        let key = def.key(Some(ns), name);
+        for _ in 0..INTERNAL_RETRIES {
+            let cur = self.get(def, Some(ns), name)?;
+            let mut new = compute(&cur.object)?;
+            crate::apply::record_update(def, Part::Main, Some(&cur.object), &mut new, None);
+            check_metadata(def, name, &new, Some(&cur.object))?;
+            if dry_run {
+                return Ok(new);
+            }
+            match self.store.write(Op::Update { key: key.clone(), expected: cur.rv, object: new }).await {
+                Ok(ev) => return Ok((*ev.object).clone()),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(store_err(def, name, e)),
+            }
+        }
+        Err(ApiError::conflict(def.group, def.plural, name))
+    }
+
     /// Read, compute the new object with `compute`, write with a compare-and-swap on the read
     /// revision. When the client gave no precondition a lost race is retried on a fresh read.
     #[allow(clippy::too_many_arguments)]

@@ -92,6 +92,8 @@ pub static ROUTES: &[Route] = &[
         "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/{plural:virtualmachines}/{name}/{sub:start|stop|restart}",
         |c| Box::pin(subresources::lifecycle(c)),
     ),
+    // core/v1 pods/binding (kube-scheduler's bind).
+    Route::Path(Method::POST, "/api/v1/namespaces/{namespace}/pods/{name}/binding", Handler::Async(|c| Box::pin(subresources::binding(c)))),
     // The verbs on resources.
     Route::Verb(Method::GET, Shape::Collection, |c, r| Box::pin(verbs::list(c, r))),
     Route::Verb(Method::POST, Shape::Collection, |c, r| Box::pin(verbs::create(c, r))),

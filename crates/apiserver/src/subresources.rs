@@ -2,9 +2,12 @@
 //! - `virtualmachines|virtualmachineinstances/NAME/addvolume|removevolume`: [`volumes`];
 //! - `virtualmachines/NAME/start|stop|restart`: [`lifecycle`].
 //!
+//! And core/v1's `pods/NAME/binding` (`POST`, [`binding`]), which kube-scheduler uses.
+//!
 //! Each reads its options body (up to the body limit) and `?dryRun=All`, and records the
 //! change on the object; the controller and node agent carry it out.
 
+pub mod binding;
 pub mod lifecycle;
 pub mod volumes;
 
@@ -49,4 +52,14 @@ pub async fn lifecycle(mut c: Call<'_>) -> Result<Response, ApiError> {
     let dry = c.dry_run_query();
     let body = c.body().await?;
     lifecycle::handle(&c.st.objects, c.capture("namespace"), c.capture("name"), c.capture("sub"), &body, dry).await
+}
+
+/// `POST /api/v1/namespaces/{namespace}/pods/{name}/binding`.
+///
+/// # Errors
+/// 413 for a body over the limit; see [`binding::handle`].
+pub async fn binding(mut c: Call<'_>) -> Result<Response, ApiError> {
+    let dry = c.dry_run_query();
+    let body = c.body().await?;
+    binding::handle(&c.st.objects, c.capture("namespace"), c.capture("name"), &body, dry).await
 }

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -34,6 +34,8 @@ pub struct Cache {
     pub dvs: Store<DataVolume>,
     /// Every Node (scheduling, and whether a VMI's node still exists).
     pub nodes: Store<Node>,
+    /// Launcher pods (label `kubevirt.io=virt-launcher`); empty with direct placement.
+    pub pods: Store<Pod>,
 }
 
 impl Cache {

@@ -26,6 +26,8 @@
 //!   finalizer [`VMI_FINALIZER`], which the node agent removes once QEMU is gone. A VMI that was
 //!   never scheduled, or whose node is no longer registered, has nothing to wait for: the
 //!   controller removes the finalizer itself.
+//! - Placement ([`Placement`]): by the controller ([`schedule`], the default) or by a launcher
+//!   pod per VMI that the cluster's scheduler places ([`launcher_pod`], `--placement pods`).
 //! - Scheduling ([`schedule`]): a `Ready`, uncordoned node with a heartbeating node agent whose
 //!   taints the VMI tolerates and whose labels match its node selector and required affinity, the
 //!   one with the fewest VMIs; none → the VMI stays `Pending` with
@@ -33,6 +35,7 @@
 //!   `ErrorUnschedulable`.
 
 mod act;
+pub mod launcher_pod;
 pub mod schedule;
 mod vm_status;
 
@@ -45,6 +48,7 @@ use api::{VirtualMachine, VirtualMachineInstance};
 use crate::cache::Lookup;
 
 pub use act::{apply, create_data_volumes, new_vmi};
+pub use launcher_pod::{LauncherPods, Placement};
 pub use schedule::pick_node;
 pub use vm_status::{condition, set_condition, write_status};
 

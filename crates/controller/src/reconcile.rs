@@ -39,6 +39,8 @@ pub(crate) struct Ctx {
     /// [`crate::run::Config::legacy_volume_requests`].
     pub legacy_volume_requests: bool,
     pub cache: Cache,
+    /// [`crate::run::Config::placement`].
+    pub placement: crate::lifecycle::Placement,
 }
 
 /// Errors of one VM reconcile.
@@ -102,7 +104,7 @@ impl Pass<'_> {
         let volumes = lifecycle::volumes(&self.ctx.cache, self.vm);
         let can_start = volumes == lifecycle::Volumes::Ready && spec_cond.is_none();
         let step = lifecycle::decide(self.vm, vmi.as_deref(), can_start);
-        lifecycle::apply(client, &self.ctx.cache, self.vm, vmi.as_deref(), &step).await?;
+        lifecycle::apply(client, &self.ctx.cache, self.vm, vmi.as_deref(), &step, &self.ctx.placement).await?;
         if step != lifecycle::Step::Nothing {
             return Ok(Action::await_change()); // the step's write wakes the next pass
         }

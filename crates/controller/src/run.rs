@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -40,6 +40,8 @@ pub struct Config {
     /// A node whose agent has not heartbeated for this long is taken out of scheduling
     /// ([`crate::nodes`]; default [`crate::nodes::DEFAULT_HEARTBEAT_TIMEOUT`]).
     pub node_heartbeat_timeout: Option<Duration>,
+    /// How VMIs get their node ([`crate::lifecycle::Placement`]; default: the controller picks).
+    pub placement: crate::lifecycle::Placement,
 }
 
 // kube-runtime's error policy signature takes the object by value.
@@ -137,18 +139,32 @@ pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client
     let (pvcs, pvc_events) = stored::<PersistentVolumeClaim>(&client);
     let (dvs, dv_events) = stored::<DataVolume>(&client);
     let (nodes, node_events) = stored::<Node>(&client);
+    // Launcher pods are watched only when the controller makes them.
+    let (pods, pod_events) = if config.placement == crate::lifecycle::Placement::Direct {
+        (reflector::store().0, futures::stream::empty().boxed())
+    } else {
+        let (writer_store, writer) = reflector::store();
+        let selector = format!("{}={}", crate::lifecycle::launcher_pod::APP_LABEL, crate::lifecycle::launcher_pod::APP_LAUNCHER);
+        let watch = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(&selector));
+        (writer_store, reflector::reflector(writer, watch).touched_objects().boxed())
+    };
     let timeout = config.node_heartbeat_timeout.unwrap_or(crate::nodes::DEFAULT_HEARTBEAT_TIMEOUT);
     tasks.spawn(crate::nodes::run(client.clone(), timeout));
     let controller = Controller::new(Api::<VirtualMachine>::all(client.clone()), watcher::Config::default());
     let (s1, s2, s3) = (controller.store(), controller.store(), vmis.clone());
-    let cache = Cache { vms: controller.store(), vmis, pvcs, dvs, nodes };
-    let ctx = Arc::new(Ctx { client, legacy_volume_requests: config.legacy_volume_requests, cache });
+    let cache = Cache { vms: controller.store(), vmis, pvcs, dvs, nodes, pods };
+    let ctx = Arc::new(Ctx { client, legacy_volume_requests: config.legacy_volume_requests, cache, placement: config.placement });
     controller
         // A VMI wakes the VM of the same name (its owner in KubeVirt's naming).
         .watches_stream(vmi_events, |vmi| Some(ObjectRef::new(&vmi.name_any()).within(&vmi.namespace().unwrap_or_default())))
         .watches_stream(pvc_events, move |p| vms_using(&s1, &p.namespace().unwrap_or_default(), &p.name_any()))
         .watches_stream(dv_events, move |d| vms_using(&s2, &d.namespace().unwrap_or_default(), &d.name_any()))
         .watches_stream(node_events, move |n| vms_waiting_for(&s3, &n.name_any()))
+        // A launcher pod wakes the VM its label names (the VMI's name is the VM's).
+        .watches_stream(pod_events, |p: Pod| {
+            let vm = p.labels().get(crate::lifecycle::VM_LABEL)?.clone();
+            Some(ObjectRef::new(&vm).within(&p.namespace().unwrap_or_default()))
+        })
         .run(guarded_reconcile, error_policy, ctx)
         .for_each(|_| async {})
         .await;

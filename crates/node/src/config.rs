@@ -50,6 +50,10 @@ pub struct Config {
     /// The largest a guest's serial log may grow before it is rotated
     /// ([`crate::consolelog`]; default 8 MiB).
     pub serial_log_max: u64,
+    /// Cluster mode with launcher pods: QEMU is started by the VMI's launcher pod (its
+    /// `virtplug launcher`, reached on `RUN_DIR/launcher.sock`), not by the agent, so it lives
+    /// in the pod's cgroup ([`qemu::launcher`]). Default off: the agent starts QEMU itself.
+    pub launcher_pods: bool,
     /// The most one VMI may take: emptyDisk size and guest memory ([`crate::caps`]; default 50 %
     /// of the free space under `state_dir` and 75 % of the RAM).
     pub caps: crate::caps::Caps,
@@ -77,6 +81,7 @@ impl Config {
             mount_helper: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("virtplug")),
             devices_cgroup: crate::bindmount::default_cgroup_root().unwrap_or_else(|| PathBuf::from(crate::bindmount::DEVICES_CGROUP)),
             kubelet_pods_dir: PathBuf::from("/var/lib/kubelet/pods"),
+            launcher_pods: false,
         }
     }
 }

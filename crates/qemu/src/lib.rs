@@ -3,7 +3,8 @@
 //! - [`accel`]: choosing KVM or TCG, never an accelerator that cannot run the guest.
 //! - [`cmdline`]: the command line of a VMI (q35, hot-plug SCSI bus, AHCI CD-ROMs, kernel boot).
 //! - [`firmware`]: SeaBIOS or OVMF (its flash devices and the VM's EFI variable store).
-//! - [`process`]: launch in a session of its own under its seccomp sandbox, adopt from the pidfile, stop by PID.
+//! - [`process`]: launch in a session of its own under its seccomp sandbox (or hand the launch to a
+//!   launcher pod, [`launcher`]), adopt from the pidfile, stop by PID.
 //! - [`qmp`]: the QMP seam ([`qmp::Monitor`]), its async client with SCM_RIGHTS fd passing
 //!   ([`Qmp`]), and a scripted fake for tests.
 //! - [`machine`]: [`Machine`], the operations on one running QEMU: raw commands, boot order, shutdown.
@@ -20,6 +21,7 @@ pub mod console;
 pub mod firmware;
 pub mod hotplug;
 pub mod inventory;
+pub mod launcher;
 pub mod machine;
 pub mod media;
 pub mod names;

@@ -67,6 +67,25 @@ const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 /// QEMU's own message (from `qemu.log`) when it exits
 /// before answering, or does not answer within a minute.
 pub async fn launch(spec: &LaunchSpec) -> Result<Process, ProcessError> {
+    launch_with(spec, Starter::Own).await
+}
+
+/// Who starts the QEMU process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Starter {
+    /// This process, in a session of its own ([`launch`]).
+    Own,
+    /// The VMI's launcher (its pod's main process) listening on this socket
+    /// ([`crate::launcher`]): QEMU is its child, in the pod's cgroup.
+    Launcher(PathBuf),
+}
+
+/// [`launch`], with QEMU started by `starter`. Everything else — the run dir, the firmware's
+/// variable store, the arguments and their audit, the wait for QMP — is the same either way.
+///
+/// # Errors
+/// As [`launch`]; with a launcher, `Failed` also when the launcher cannot be reached or refuses.
+pub async fn launch_with(spec: &LaunchSpec, starter: Starter) -> Result<Process, ProcessError> {
     let log = prepare(spec).await?;
     let firmware = spec.firmware.clone();
     tokio::task::spawn_blocking(move || firmware.prepare_vars())
@@ -77,6 +96,9 @@ pub async fn launch(spec: &LaunchSpec) -> Result<Process, ProcessError> {
     let args = spec.args();
     crate::cmdline::audit(&args)
         .map_err(|e| ProcessError::Failed { name: spec.name.clone(), stderr: format!("refusing to start QEMU: {e}") })?;
+    if let Starter::Launcher(socket) = &starter {
+        return hand_over(spec, socket, args, &log, &log_path).await;
+    }
     let binary = qemu_binary();
     let mut cmd = tokio::process::Command::new(&binary);
     let stdout = log.try_clone().map_err(|source| ProcessError::RunDir { path: spec.run_dir.clone(), source })?;
@@ -123,6 +145,36 @@ pub async fn launch(spec: &LaunchSpec) -> Result<Process, ProcessError> {
     // QEMU's own message is the end of its log.
     let log = tokio::fs::read_to_string(&log_path).await.unwrap_or_default();
     Err(ProcessError::Failed { name: spec.name.clone(), stderr: format!("{why}{}", log.trim()) })
+}
+
+/// The launcher's half of [`launch_with`]: the arguments and the log's fd to the launcher, then
+/// the same wait as for a QEMU of our own (QMP answers, or the process is gone).
+async fn hand_over(
+    spec: &LaunchSpec,
+    socket: &Path,
+    args: Vec<String>,
+    log: &std::fs::File,
+    log_path: &Path,
+) -> Result<Process, ProcessError> {
+    let failed = |why: String| ProcessError::Failed { name: spec.name.clone(), stderr: why };
+    let pid = crate::launcher::hand_over(socket, &crate::launcher::Request { args }, log)
+        .await
+        .map_err(|e| failed(format!("the launcher did not start QEMU: {e}")))?;
+    let started = Process { pid, run_dir: spec.run_dir.clone() };
+    let qmp_socket = spec.qmp_socket();
+    let why = tokio::select! {
+        _ = started.wait_gone(STARTUP_DEADLINE) => "QEMU exited at once: ".to_owned(),
+        qmp = crate::qmp::Qmp::connect_within(&qmp_socket, STARTUP_DEADLINE) => match qmp {
+            Ok(_) => {
+                let run_dir = spec.run_dir.clone();
+                let adopted = tokio::task::spawn_blocking(move || adopt(&run_dir)).await;
+                return adopted.unwrap_or_else(|e| Err(ProcessError::NotRunning { run_dir: spec.run_dir.clone(), why: e.to_string() }));
+            }
+            Err(e) => format!("it did not answer on QMP within {STARTUP_DEADLINE:?} ({e}); "),
+        },
+    };
+    let log = tokio::fs::read_to_string(log_path).await.unwrap_or_default();
+    Err(failed(format!("{why}{}", log.trim())))
 }
 
 /// Prepares the run dir — private ([`private_run_dir`]), without the sockets and pidfile of an

@@ -6,6 +6,7 @@ mod endpoints;
 mod growth_flags;
 mod import_flags;
 mod kubelet_standin;
+mod launcher;
 mod migrate;
 mod mode_flags;
 mod qemu_flags;
@@ -36,6 +37,9 @@ enum Command {
     Controller(serve::ControllerArgs),
     /// Run the node agent against an API server (this node's VMs under QEMU).
     Node(serve::NodeArgs),
+    /// Run one VMI's QEMU as its child: the main process of the VMI's launcher pod (started by
+    /// the node agent over RUN_DIR/launcher.sock; exits with QEMU's status).
+    Launcher(launcher::LauncherArgs),
     /// Run the Redfish service (a BMC per VM) against an API server; manage its accounts.
     Redfish(redfish_cmd::RedfishArgs),
     /// Create, list, start, stop, restart, delete VMs; attach to a console.
@@ -105,6 +109,11 @@ fn main() -> std::process::ExitCode {
     init_logging(cli.log_format);
     // One crypto provider for every rustls user in the process (kube, the TLS listener).
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Command::Launcher(args) = cli.command {
+        // Its own runtime, current-thread: QEMU's death signal is tied to the thread that
+        // forked it, which must live as long as the launcher (see `qemu::launcher`).
+        return launcher::main(&args);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -119,6 +128,7 @@ fn main() -> std::process::ExitCode {
             Command::Controller(args) => serve::controller(args).await,
             Command::Node(args) => serve::node(args).await,
             Command::Redfish(args) => redfish_cmd::run(args).await,
+            Command::Launcher(_) => unreachable!("run before the runtime"),
             Command::Vm { cmd, common } => cli::vm(cmd, common).await,
             Command::Volume { cmd, common } => cli::volume(cmd, common).await,
             Command::Addvolume { args, common } => cli::addvolume(args, common).await,

@@ -230,6 +230,11 @@ pub struct NodeArgs {
     /// VM's own mount namespace, block devices allowed in its cgroup v1 devices cgroup; root).
     #[arg(long, value_enum, default_value_t = AttachModeFlag::Fd)]
     attach_mode: AttachModeFlag,
+    /// QEMU is started by each VMI's launcher pod (`virtplug launcher`, which the controller's
+    /// `--placement pods` creates), not by this agent: VMs live in their pods' cgroups and an
+    /// agent rollout leaves them untouched. fd attach mode only.
+    #[arg(long)]
+    launcher_pods: bool,
     #[command(flatten)]
     caps: crate::growth_flags::CapsArgs,
     #[command(flatten)]
@@ -264,6 +269,10 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     config.accel = args.accel.into();
     config.vm_nice = args.vm_nice;
     config.mode = args.attach_mode.into();
+    if args.launcher_pods && config.mode != node::bindmount::AttachMode::Fd {
+        anyhow::bail!("--launcher-pods needs --attach-mode fd: bind-mount mode enters QEMU's mount namespace, which the launcher pod owns");
+    }
+    config.launcher_pods = args.launcher_pods;
     config.caps = args.caps.caps();
     args.qemu.check(config.mode)?;
     args.qemu.apply(&mut config, &data_dir);
@@ -337,6 +346,25 @@ pub struct ControllerArgs {
     /// Serve /healthz, /readyz and /metrics (plain HTTP) on this address.
     #[arg(long, default_value = "127.0.0.1:8185")]
     health_listen: SocketAddr,
+    /// How a VMI gets its node: `direct` (this controller picks it; the node agent starts QEMU)
+    /// or `pods` (a launcher pod per VMI, placed by the cluster's scheduler; QEMU runs in it —
+    /// run the node agents with --launcher-pods).
+    #[arg(long, value_enum, default_value_t = PlacementFlag::Direct)]
+    placement: PlacementFlag,
+    /// The launcher pods' image (with `virtplug` and QEMU), for `--placement pods`.
+    #[arg(long, default_value = "virtplug:latest")]
+    launcher_image: String,
+    /// Where the node agents keep VM run dirs (their `DATA_DIR/node/vmis`): each launcher pod
+    /// mounts `RUN_ROOT/UID` from its node, for `--placement pods`.
+    #[arg(long, default_value = "/var/lib/virtplug/node/vmis")]
+    launcher_run_root: PathBuf,
+}
+
+/// `--placement`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlacementFlag {
+    Direct,
+    Pods,
 }
 
 pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
@@ -397,6 +425,13 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         storage_root: args.storage_root.clone(),
         import: args.import.config()?,
         node_heartbeat_timeout: Some(args.node_heartbeat_timeout),
+        placement: match args.placement {
+            PlacementFlag::Direct => controller::lifecycle::Placement::Direct,
+            PlacementFlag::Pods => controller::lifecycle::Placement::Pods(controller::lifecycle::LauncherPods {
+                image: args.launcher_image.clone(),
+                run_root: args.launcher_run_root.clone(),
+            }),
+        },
     };
     let health = Health::new();
     let (leading_tx, leading_rx) = tokio::sync::watch::channel(false);

@@ -3,12 +3,16 @@
 //!
 //! STAND-INS (no real cluster here): the kubelet's node registration and conditions are written
 //! by the test (`common::fakenode::kubelet` and the `KubeletReady`/`MemoryPressure` conditions
-//! below); where no guest is needed, `common::fakenode` plays the node agent. Everything else is
-//! the real binary: leader election on a real Lease, real heartbeats, real QEMU (TCG) guests.
+//! below); where no guest is needed, `common::fakenode` plays the node agent; for launcher pods,
+//! [`standins::scheduler`] plays kube-scheduler and [`standins::kubelet`] each node's kubelet
+//! (pods as local processes). Everything else is the real binary: leader election on a real
+//! Lease, real heartbeats, real launchers, real QEMU (TCG) guests.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "cluster/standins.rs"]
+mod standins;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -17,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -148,9 +152,13 @@ impl Cluster {
     }
 
     fn node(&self, name: &str) -> Proc {
+        self.node_with(name, &[])
+    }
+
+    fn node_with(&self, name: &str, extra: &[&str]) -> Proc {
         let kc = self.kubeconfig();
         let data = self.dir.path().join(name);
-        Proc::start(&[
+        let mut args = vec![
             "node",
             "--kubeconfig",
             &kc,
@@ -164,7 +172,25 @@ impl Cluster {
             "127.0.0.1:0",
             "--accel",
             "tcg",
-        ])
+        ];
+        args.extend(extra);
+        Proc::start(&args)
+    }
+
+    /// Nodes `names` as their kubelets register them: the hostname label and `Ready=True`
+    /// (and `MemoryPressure=False`), which the node agent must never touch.
+    async fn kubelet_nodes(&self, names: &[&str]) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for n in names {
+            common::fakenode::kubelet(&self.client, n).await;
+            nodes
+                .patch(n, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"kubernetes.io/hostname": n}}})))
+                .await
+                .unwrap();
+            let conditions = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"},
+                {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"}]}});
+            nodes.patch_status(n, &PatchParams::default(), &Patch::Merge(conditions)).await.unwrap();
+        }
     }
 
     async fn lease_holder(&self) -> Option<(String, i32)> {
@@ -269,17 +295,7 @@ async fn two_controllers_one_leader_and_a_takeover_without_flip_flops() {
 async fn a_silent_node_is_unscheduled_and_a_fenced_one_gives_its_vms_up() {
     let c = Cluster::start().await;
     let nodes: Api<Node> = Api::all(c.client.clone());
-    for n in ["n1", "n2"] {
-        common::fakenode::kubelet(&c.client, n).await;
-        // The kubelet's own labels and conditions, which the agent must never touch.
-        nodes
-            .patch(n, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"kubernetes.io/hostname": n}}})))
-            .await
-            .unwrap();
-        let conditions = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"},
-            {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"}]}});
-        nodes.patch_status(n, &PatchParams::default(), &Patch::Merge(conditions)).await.unwrap();
-    }
+    c.kubelet_nodes(&["n1", "n2"]).await;
     let _ctl = c.controller("c", &["--leader-elect=false", "--node-heartbeat-timeout", "4s"]);
     let mut n1 = c.node("n1");
     let _n2 = c.node("n2");
@@ -346,6 +362,118 @@ async fn a_silent_node_is_unscheduled_and_a_fenced_one_gives_its_vms_up() {
     assert_ne!(moved.uid(), vmi.uid(), "a new VMI, after the fenced one failed");
     let fenced = client::events::list(&c.client, "default", "on1", "NodeFenced").await.unwrap();
     assert!(!fenced.is_empty(), "the VMI's failure is explained by a NodeFenced Event");
+}
+
+/// The launcher pod of VMI `uid` (label `kubevirt.io/created-by`), once it exists.
+async fn launcher_pod(c: &Cluster, uid: &str, what: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    common::wait_until(T, what, || {
+        let pods = pods.clone();
+        async move { pods.list(&ListParams::default().labels(&format!("kubevirt.io/created-by={uid}"))).await.ok()?.items.into_iter().next() }
+    })
+    .await
+}
+
+/// The parent PID of `pid` and the parent's command line (from `/proc`).
+fn parent_of(pid: rustix::process::Pid) -> (i32, String) {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).unwrap();
+    // `pid (comm) state ppid ...`: comm may hold spaces, so count from its closing parenthesis.
+    let ppid: i32 = stat[stat.rfind(')').unwrap() + 2..].split(' ').nth(1).unwrap().parse().unwrap();
+    let cmdline = std::fs::read(format!("/proc/{ppid}/cmdline")).unwrap();
+    (ppid, String::from_utf8_lossy(&cmdline).replace('\0', " "))
+}
+
+/// Launcher pods (issue 19, first slice): the controller (`--placement pods`) creates a pod per
+/// VMI, the scheduler (stand-in) binds it, the VMI lands where the pod did; the kubelet
+/// (stand-in) runs `virtplug launcher`, and the real node agent (`--launcher-pods`) hands QEMU's
+/// launch to it, so QEMU is the launcher's child. `kill -9` of the agent leaves the guest running
+/// and the next agent adopts it; deleting the pod stops QEMU and fails the VMI (`Always` makes a
+/// new VMI and pod); stopping the VM deletes the VMI, then its pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launcher_pods_are_placed_by_the_scheduler_and_own_their_qemu() {
+    let c = Cluster::start().await;
+    c.kubelet_nodes(&["n1", "n2"]).await;
+    // Each node's file system is DIR/NODE for its kubelet stand-in; the agents' run dirs
+    // (DATA_DIR/node/vmis, DATA_DIR = DIR/NODE) are the pods' hostPath /node/vmis/UID there.
+    let _ctl = c.controller(
+        "c",
+        &["--leader-elect=false", "--placement", "pods", "--launcher-image", "virtplug:test", "--launcher-run-root", "/node/vmis"],
+    );
+    let _n1 = c.node_with("n1", &["--launcher-pods"]);
+    let mut n2 = c.node_with("n2", &["--launcher-pods"]);
+    let _scheduler = standins::scheduler(c.client.clone());
+    let _kubelets = [
+        standins::kubelet(c.client.clone(), "n1", &c.dir.path().join("n1")),
+        standins::kubelet(c.client.clone(), "n2", &c.dir.path().join("n2")),
+    ];
+
+    // n2 by its selector: not where the fewest-VMIs-then-name rule alone would put it.
+    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
+    vms.create(&PostParams::default(), &guest_vm("lp", Some("n2"))).await.unwrap();
+    let vmi = c.running("lp", BOOT).await;
+    let uid = vmi.uid().unwrap();
+    let pod = launcher_pod(&c, &uid, "the VMI's launcher pod").await;
+    let pod_node = pod.spec.as_ref().unwrap().node_name.clone();
+    assert_eq!(pod_node.as_deref(), Some("n2"), "the scheduler put the launcher pod on n2");
+    assert_eq!(vmi.status.as_ref().unwrap().node_name, pod_node, "the VMI's node is its pod's");
+    assert_eq!(vmi.labels().get("kubevirt.io/nodeName"), pod_node.as_ref());
+    assert!(pod.name_any().starts_with("virt-launcher-lp-"));
+    let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("VirtualMachineInstance", uid.as_str(), Some(true)));
+    let run_dir = c.dir.path().join("n2/node/vmis").join(&uid);
+    let log = run_dir.join("serial.log");
+    common::wait_until(BOOT, "the guest to boot (VP-READY on its console)", || {
+        let ready = common::guest::console_lines(&log).iter().any(|l| l.starts_with("VP-READY"));
+        async move { ready.then_some(()) }
+    })
+    .await;
+    let qemu = qemu_pid(&run_dir);
+    let (parent, cmdline) = parent_of(qemu);
+    assert!(cmdline.contains(" launcher --uid ") && cmdline.contains(&uid), "QEMU's parent is the launcher, not the agent: {cmdline}");
+    assert_ne!(parent, n2.pid().as_raw_nonzero().get());
+
+    // The agent dies: the guest does not; the next agent adopts the same QEMU.
+    n2.kill9();
+    assert!(alive(qemu), "the guest keeps running without its agent");
+    let n2 = c.node_with("n2", &["--launcher-pods"]);
+    n2.line(&format!("adopted QEMU {}", qemu.as_raw_nonzero()), "the restarted agent to adopt the launcher's QEMU").await;
+    assert_eq!(c.running("lp", T).await.uid(), vmi.uid());
+
+    // The launcher pod is deleted: QEMU goes with it, the VMI fails, and (runStrategy Always)
+    // the VM gets a new VMI with a new launcher pod.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    pods.delete(&pod.name_any(), &DeleteParams::default()).await.unwrap();
+    common::wait_until(T, "QEMU to stop with its pod", || async { (!alive(qemu)).then_some(()) }).await;
+    let next = common::wait_until(BOOT, "a new VMI of VM lp to run", || async {
+        let vmis: Api<VirtualMachineInstance> = Api::namespaced(c.client.clone(), "default");
+        vmis.get_opt("lp").await.ok().flatten().filter(|v| v.is_running() && v.uid() != vmi.uid())
+    })
+    .await;
+    let next_uid = next.uid().unwrap();
+    let next_pod = launcher_pod(&c, &next_uid, "the new VMI's launcher pod").await;
+    assert_ne!(next_pod.name_any(), pod.name_any());
+    let failed = client::events::list(&c.client, "default", "lp", "LauncherPodGone").await.unwrap_or_default();
+    let why = _ctl.output();
+    assert!(
+        !failed.is_empty() || why.contains("the launcher pod is gone") || why.contains("failed: the VM's QEMU exited"),
+        "the old VMI failed for its pod: {why}"
+    );
+
+    // Stopping the VM deletes the VMI (the agent stops QEMU, removes the finalizer), then the
+    // garbage collector deletes its pod.
+    let next_qemu =
+        qemu_pid(&c.dir.path().join(next_pod.spec.as_ref().unwrap().node_name.as_deref().unwrap()).join("node/vmis").join(&next_uid));
+    vms.patch("lp", &PatchParams::default(), &Patch::Merge(json!({"spec": {"runStrategy": "Halted"}}))).await.unwrap();
+    common::wait_until(T, "the VMI to be gone", || async {
+        let vmis: Api<VirtualMachineInstance> = Api::namespaced(c.client.clone(), "default");
+        vmis.get_opt("lp").await.ok().flatten().is_none().then_some(())
+    })
+    .await;
+    assert!(!alive(next_qemu), "QEMU stopped before the VMI's finalizer went");
+    common::wait_until(T, "the launcher pod to be garbage-collected", || async {
+        pods.get_opt(&next_pod.name_any()).await.ok().flatten().is_none().then_some(())
+    })
+    .await;
 }
 
 fn qemu_pid(run_dir: &Path) -> rustix::process::Pid {

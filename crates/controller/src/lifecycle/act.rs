@@ -93,7 +93,7 @@ async fn consume_boot_once(vms: &Api<VirtualMachine>, vm: &VirtualMachine, objec
     Ok(())
 }
 
-/// Carries out `step` and schedules an unscheduled VMI.
+/// Carries out `step` and places an unplaced VMI (by `placement`).
 ///
 /// # Errors
 /// When a write fails.
@@ -103,6 +103,7 @@ pub async fn apply(
     vm: &VirtualMachine,
     vmi: Option<&VirtualMachineInstance>,
     step: &Step,
+    placement: &super::Placement,
 ) -> Result<(), LifecycleError> {
     let ns = vm.namespace().unwrap_or_default();
     let name = vm.name_any();
@@ -169,7 +170,11 @@ pub async fn apply(
     }
     if let Some(v) = vmi {
         release_orphan_finalizer(client, cache, v).await.map_err(api_err(&object, "release its VMI's finalizer"))?;
-        schedule(client, cache, v).await?;
+        // The one place the two placements differ.
+        match placement {
+            super::Placement::Direct => schedule(client, cache, v).await?,
+            super::Placement::Pods(cfg) => super::launcher_pod::place(client, cache, cfg, v).await?,
+        }
     }
     Ok(())
 }

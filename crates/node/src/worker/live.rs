@@ -200,6 +200,16 @@ pub(super) async fn prelaunch(machine: &Machine) -> bool {
         .is_ok_and(|s| s.get("status").and_then(|v| v.as_str()) == Some("prelaunch"))
 }
 
+/// Whether QEMU can be started now: always when the agent starts it; with launcher pods, once
+/// the VMI's launcher listens on `RUN_DIR/launcher.sock` (its pod runs on this node).
+pub(super) async fn starter_ready(shared: &Shared, run_dir: &Path) -> bool {
+    if !shared.config.launcher_pods {
+        return true;
+    }
+    let socket = run_dir.join(qemu::launcher::SOCKET);
+    tokio::task::spawn_blocking(move || socket.exists()).await.unwrap_or(false)
+}
+
 /// Starts QEMU for the VMI and connects to it.
 pub(super) async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir: &Path) -> Result<Live, String> {
     let record = prepare(shared, vmi, run_dir).await?;
@@ -212,7 +222,12 @@ pub(super) async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstanc
     spec.sandbox = shared.config.qemu_sandbox;
     spec.run_as.clone_from(&shared.config.qemu_user);
     spec.start_paused = media_at_boot(vmi);
-    let process = qemu::process::launch(&spec).await.map_err(|e| client::error_chain(&e))?;
+    let starter = if shared.config.launcher_pods {
+        qemu::process::Starter::Launcher(run_dir.join(qemu::launcher::SOCKET))
+    } else {
+        qemu::process::Starter::Own
+    };
+    let process = qemu::process::launch_with(&spec, starter).await.map_err(|e| client::error_chain(&e))?;
     if let Some(cgroup) = record.cgroup {
         let (host, pid) = (Arc::clone(&shared.host), process.pid);
         let join = crate::bindmount::Request::JoinCgroup { cgroup, pid };

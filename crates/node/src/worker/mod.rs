@@ -65,6 +65,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         boot_order: None,
         paused_for_media: false,
         once_armed: None,
+        launcher_wait: None,
     };
     loop {
         let current = rx.borrow_and_update().clone();
@@ -86,7 +87,10 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
             bootorder::follow(&vmi, &l.machine, &mut w.boot_order).await;
             w.once_armed = bootorder::armed(&vmi, w.boot_order.as_ref());
         }
-        let retry = w.pass(&vmi).await;
+        let mut retry = w.pass(&vmi).await;
+        if w.live.is_none() {
+            retry = retry.or(w.launcher_wait);
+        }
         if !w.wait(retry, &mut rx, &mut storage).await {
             return; // the agent stops: the VM keeps running for the next agent
         }
@@ -135,7 +139,14 @@ struct Worker {
     /// the controller) whose boot order QEMU has: the guest's next reset uses it, and the
     /// worker reports that ([`bootorder::report_used`]).
     once_armed: Option<String>,
+    /// With launcher pods: the VMI's launcher does not listen yet (its pod is starting); the
+    /// next look is after this (doubling up to [`LAUNCHER_WAIT_MAX`]; a new version of the VMI
+    /// wakes the worker earlier).
+    launcher_wait: Option<Duration>,
 }
+
+/// The longest wait between two looks for a launcher's socket.
+const LAUNCHER_WAIT_MAX: Duration = Duration::from_secs(2);
 
 /// `spec.terminationGracePeriodSeconds` of `vmi`.
 fn grace_of(vmi: &VirtualMachineInstance) -> Option<u64> {
@@ -190,6 +201,13 @@ impl Worker {
             }
             Some(Err(e)) => tracing::warn!("{e}"),
             None => match vmi.phase() {
+                Some(VmiPhase::Scheduled) if !live::starter_ready(&self.shared, &self.run_dir).await => {
+                    let next = self.launcher_wait.map_or(Duration::from_millis(50), |d| (d * 2).min(LAUNCHER_WAIT_MAX));
+                    if self.launcher_wait.is_none() {
+                        tracing::info!("waiting for the launcher pod's socket in {}", self.run_dir.display());
+                    }
+                    self.launcher_wait = Some(next);
+                }
                 Some(VmiPhase::Scheduled) => match live::launch(&self.shared, vmi, &self.run_dir).await {
                     Ok(l) => {
                         self.live = Some(l);
@@ -209,6 +227,7 @@ impl Worker {
             },
         }
         if self.live.is_some() {
+            self.launcher_wait = None;
             self.force = true;
             if !vmi.is_running() {
                 set_phase(&self.shared, vmi, VmiPhase::Running, None, "QEMU is running").await;

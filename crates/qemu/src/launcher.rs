@@ -1,0 +1,344 @@
+//! The launcher handoff: QEMU started by a launcher process (`virtplug launcher`, the main
+//! process of a VMI's launcher pod, as KubeVirt's virt-launcher) instead of by the node agent,
+//! so that QEMU lives in the pod's cgroup, is accounted by the kubelet, and survives agent
+//! restarts.
+//!
+//! # Flow
+//! 1. The launcher listens on `RUN_DIR/launcher.sock` ([`SOCKET`]); the run dir is a hostPath
+//!    both the pod and the node agent see.
+//! 2. The agent connects and sends one [`Request`]: QEMU's arguments as a JSON line, with the
+//!    fd of `qemu.log` (QEMU's stdout and stderr) as SCM_RIGHTS on the same `sendmsg`.
+//! 3. The launcher checks the arguments ([`crate::cmdline::audit`]), spawns QEMU as its child
+//!    (no `-daemonize`, no new session: it stays in the pod's cgroup, and
+//!    `PR_SET_PDEATHSIG=SIGKILL` kills it if the launcher dies), and answers `{"pid": N}` or
+//!    `{"error": "..."}`. QEMU writes its pidfile itself (`-pidfile`), so adoption after an
+//!    agent restart ([`crate::process::adopt`]) works as for a QEMU the agent started.
+//! 4. The launcher exits with QEMU's exit status when QEMU exits; SIGTERM (the pod deleted) is
+//!    forwarded to QEMU, which exits at once; the kubelet's SIGKILL after the grace kills the
+//!    launcher, and PDEATHSIG QEMU.
+//!
+//! # Guarantees
+//! - One QEMU per launcher: a second request is answered with an error naming the running PID.
+//! - A request with unknown fields, or without exactly one fd, is refused, not guessed at.
+//!
+//! # Caveats
+//! The launcher trusts whoever can connect: the socket is in the 0700 run dir, reachable only
+//! by root on the node (the agent), like QEMU's own QMP socket next to it.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Interest};
+use tokio::net::{UnixListener, UnixStream};
+
+/// The launcher's socket, in the VMI's run dir.
+pub const SOCKET: &str = "launcher.sock";
+
+/// How long the agent waits for the launcher's answer (spawning QEMU is quick; its start-up is
+/// waited for on QMP afterwards).
+const ANSWER_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Longest request read (QEMU's arguments: a few KiB).
+const MAX_REQUEST: usize = 1 << 20;
+
+/// Errors of the handoff, on either side.
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    #[error("cannot listen on {path}")]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot talk to the launcher at {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the launcher at {path} did not answer within {ANSWER_DEADLINE:?}")]
+    Timeout { path: PathBuf },
+    #[error("the launcher at {path} refused: {message}")]
+    Refused { path: PathBuf, message: String },
+    #[error("bad request: {0}")]
+    BadRequest(String),
+}
+
+/// What the agent asks of the launcher: start QEMU with these arguments (the binary is the
+/// launcher's own, [`crate::process::qemu_binary`], from its image).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    pub args: Vec<String>,
+}
+
+/// Sends `request` with `log` (QEMU's stdout and stderr) to the launcher at `socket`; returns
+/// QEMU's PID.
+///
+/// # Errors
+/// `Io` (no launcher listening: the caller waits and retries), `Timeout`, `Refused` with the
+/// launcher's reason.
+pub async fn hand_over(socket: &Path, request: &Request, log: &std::fs::File) -> Result<i32, LauncherError> {
+    let io_err = |source| LauncherError::Io { path: socket.to_owned(), source };
+    let stream = connect(socket).await.map_err(io_err)?;
+    let mut line = serde_json::to_vec(request).map_err(|e| io_err(io::Error::other(e)))?;
+    line.push(b'\n');
+    let mut sent = 0;
+    while sent < line.len() {
+        // The fd travels with the first byte; the rest (if the kernel took only part) follows.
+        let n = stream
+            .async_io(Interest::WRITABLE, || {
+                let fds = [log.as_fd()];
+                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                let mut anc = SendAncillaryBuffer::new(&mut space);
+                if sent == 0 {
+                    anc.push(SendAncillaryMessage::ScmRights(&fds));
+                }
+                rustix::net::sendmsg(&stream, &[IoSlice::new(&line[sent..])], &mut anc, SendFlags::NOSIGNAL).map_err(io::Error::from)
+            })
+            .await
+            .map_err(io_err)?;
+        sent += n;
+    }
+    let mut answer = String::new();
+    let mut reader = BufReader::new(stream);
+    match tokio::time::timeout(ANSWER_DEADLINE, reader.read_line(&mut answer)).await {
+        Err(_) => return Err(LauncherError::Timeout { path: socket.to_owned() }),
+        Ok(r) => r.map_err(io_err)?,
+    };
+    parse_answer(socket, &answer)
+}
+
+/// Connects to `socket`; a socket that exists but refuses (bound, not yet listening: the
+/// launcher is between the two calls) is tried again for a moment.
+async fn connect(socket: &Path) -> io::Result<UnixStream> {
+    let mut delay = Duration::from_millis(10);
+    loop {
+        match UnixStream::connect(socket).await {
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused && delay < Duration::from_secs(1) => {
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            r => return r,
+        }
+    }
+}
+
+fn parse_answer(socket: &Path, answer: &str) -> Result<i32, LauncherError> {
+    let v: Value = serde_json::from_str(answer)
+        .map_err(|e| LauncherError::Refused { path: socket.to_owned(), message: format!("unreadable answer {answer:?}: {e}") })?;
+    if let Some(pid) = v.get("pid").and_then(Value::as_i64).and_then(|p| i32::try_from(p).ok()) {
+        return Ok(pid);
+    }
+    let message = v.get("error").and_then(Value::as_str).unwrap_or("no pid in the answer").to_owned();
+    Err(LauncherError::Refused { path: socket.to_owned(), message })
+}
+
+/// Reads one request and its fd from a connection (the fd comes with the first bytes).
+async fn read_request(stream: &UnixStream) -> Result<(Request, OwnedFd), LauncherError> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut data = Vec::new();
+    let mut fd: Option<OwnedFd> = None;
+    loop {
+        let (n, got) = stream
+            .async_io(Interest::READABLE, || {
+                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+                let mut anc = RecvAncillaryBuffer::new(&mut space);
+                let r = rustix::net::recvmsg(stream, &mut [IoSliceMut::new(&mut buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
+                let mut got = Vec::new();
+                for m in anc.drain() {
+                    if let RecvAncillaryMessage::ScmRights(fds) = m {
+                        got.extend(fds);
+                    }
+                }
+                Ok((r.bytes, got))
+            })
+            .await
+            .map_err(|e| LauncherError::BadRequest(format!("cannot read the request: {e}")))?;
+        for f in got {
+            if fd.replace(f).is_some() {
+                return Err(LauncherError::BadRequest("more than one fd sent: only QEMU's log is expected".to_owned()));
+            }
+        }
+        if n == 0 {
+            return Err(LauncherError::BadRequest("the connection closed before a whole request".to_owned()));
+        }
+        data.extend_from_slice(&buf[..n]);
+        if data.len() > MAX_REQUEST {
+            return Err(LauncherError::BadRequest(format!("request over {MAX_REQUEST} bytes")));
+        }
+        if let Some(end) = data.iter().position(|b| *b == b'\n') {
+            let req: Request =
+                serde_json::from_slice(&data[..end]).map_err(|e| LauncherError::BadRequest(format!("not a launch request: {e}")))?;
+            let fd = fd.ok_or_else(|| LauncherError::BadRequest("no fd for QEMU's log came with the request".to_owned()))?;
+            return Ok((req, fd));
+        }
+    }
+}
+
+/// Spawns QEMU as a child of this process, its stdout and stderr on `log`.
+fn spawn_qemu(req: &Request, log: OwnedFd) -> Result<tokio::process::Child, String> {
+    crate::cmdline::audit(&req.args).map_err(|e| format!("refusing to start QEMU: {e}"))?;
+    let log = std::fs::File::from(log);
+    let stdout = log.try_clone().map_err(|e| format!("cannot duplicate the log fd: {e}"))?;
+    let binary = crate::process::qemu_binary();
+    let mut cmd = tokio::process::Command::new(&binary);
+    cmd.args(&req.args).current_dir("/").stdin(std::process::Stdio::null()).stdout(stdout).stderr(log);
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the forked child between fork and exec, where only
+    // async-signal-safe work is allowed: two raw system calls (prctl, getppid), no allocation.
+    // The death signal is tied to the thread that forked; the launcher runs a current-thread
+    // runtime, so that thread is its main thread, which lives as long as the launcher.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            // The launcher died between fork and prctl: no signal will come, so stop here.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(io::Error::other("the launcher is gone"));
+            }
+            Ok(())
+        });
+    }
+    cmd.kill_on_drop(false).spawn().map_err(|e| format!("cannot start {}: {e}", binary.display()))
+}
+
+async fn answer(stream: &mut UnixStream, v: &Value) {
+    let mut line = v.to_string().into_bytes();
+    line.push(b'\n');
+    if let Err(e) = stream.write_all(&line).await {
+        tracing::warn!("cannot answer the node agent: {e}");
+    }
+}
+
+/// How a launcher ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// QEMU exited with this status (128 + signal when killed, as a shell reports it).
+    Qemu(i32),
+    /// Stopped (SIGTERM) before any QEMU was started.
+    Stopped,
+}
+
+/// The launcher's main loop: listens on `RUN_DIR/launcher.sock`, starts QEMU on the first valid
+/// request, and returns when QEMU exits (or on SIGTERM/SIGINT before it started). Run it on a
+/// current-thread runtime (see [`spawn_qemu`] on PDEATHSIG).
+///
+/// # Errors
+/// `Listen` when the socket cannot be created.
+pub async fn serve(run_dir: &Path) -> Result<Ended, LauncherError> {
+    use std::os::unix::fs::DirBuilderExt;
+    use tokio::signal::unix::{signal, SignalKind};
+    let path = run_dir.join(SOCKET);
+    let listen_err = |source| LauncherError::Listen { path: path.clone(), source };
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(run_dir).map_err(listen_err)?;
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(listen_err(e)),
+        _ => {}
+    }
+    let mut term = signal(SignalKind::terminate()).map_err(listen_err)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(listen_err)?;
+    let listener = UnixListener::bind(&path).map_err(listen_err)?;
+    tracing::info!("waiting for the node agent on {}", path.display());
+    let mut child: Option<tokio::process::Child> = None;
+    let mut stopping = false;
+    let ended = loop {
+        let exited = async {
+            match child.as_mut() {
+                Some(c) => c.wait().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            status = exited => {
+                let code = match status {
+                    Ok(s) => s.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)),
+                    Err(e) => {
+                        tracing::warn!("cannot wait for QEMU: {e}");
+                        1
+                    }
+                };
+                tracing::info!("QEMU exited ({code})");
+                break Ended::Qemu(code);
+            }
+            accepted = listener.accept() => {
+                let Ok((mut stream, _)) = accepted else { continue };
+                if let Some(pid) = child.as_ref().and_then(tokio::process::Child::id) {
+                    answer(&mut stream, &json!({"error": format!("QEMU already runs as PID {pid}")})).await;
+                    continue;
+                }
+                if stopping {
+                    answer(&mut stream, &json!({"error": "the launcher is stopping"})).await;
+                    continue;
+                }
+                let reply = match read_request(&stream).await {
+                    Err(e) => json!({"error": e.to_string()}),
+                    Ok((req, log)) => match spawn_qemu(&req, log) {
+                        Ok(c) => {
+                            let pid = c.id().unwrap_or_default();
+                            tracing::info!("QEMU started as PID {pid}");
+                            child = Some(c);
+                            json!({"pid": pid})
+                        }
+                        Err(e) => json!({"error": e}),
+                    },
+                };
+                answer(&mut stream, &reply).await;
+            }
+            _ = term.recv() => stopping = true,
+            _ = int.recv() => stopping = true,
+        }
+        if stopping {
+            match child.as_ref().and_then(tokio::process::Child::id) {
+                // The pod is deleted: QEMU stops now (it exits cleanly on SIGTERM); the
+                // launcher follows when it has.
+                Some(pid) => {
+                    tracing::info!("SIGTERM: stopping QEMU {pid}");
+                    if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                    }
+                }
+                None => break Ended::Stopped,
+            }
+        }
+    };
+    let _ = std::fs::remove_file(&path);
+    Ok(ended)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The agent's side against the launcher's: the fd arrives with the request, unknown fields
+    /// are refused, and a second request is refused while QEMU runs.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_carries_its_fd_and_unknown_fields_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let sock = t.path().join(SOCKET);
+        let listener = UnixListener::bind(&sock).unwrap();
+        let log = std::fs::File::create(t.path().join("qemu.log")).unwrap();
+        let server = async {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let (req, fd) = read_request(&s).await.unwrap();
+            // The fd is the same file (same inode) as the agent's.
+            let (a, b) = (rustix::fs::fstat(&fd).unwrap(), rustix::fs::fstat(&log).unwrap());
+            assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino));
+            answer(&mut s, &json!({"pid": 4242})).await;
+            req
+        };
+        let request = Request { args: vec!["-name".into(), "guest=x".into()] };
+        let (got, pid) = tokio::join!(server, hand_over(&sock, &request, &log));
+        assert_eq!((got, pid.unwrap()), (request, 4242));
+        assert!(serde_json::from_str::<Request>(r#"{"args": [], "binary": "/bin/sh"}"#).is_err(), "unknown fields are refused");
+        assert!(
+            matches!(parse_answer(&sock, r#"{"error": "QEMU already runs as PID 7"}"#), Err(LauncherError::Refused { message, .. }) if message.contains("PID 7"))
+        );
+    }
+}

@@ -1,0 +1,204 @@
+//! STAND-INS for a cluster's own components, for the launcher-pod test (no real cluster here):
+//! [`scheduler`] plays kube-scheduler, [`kubelet`] plays one node's kubelet. Both are tasks of
+//! the test process talking to the real API server through kube-rs, as the real ones would.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::ResourceExt;
+use serde_json::json;
+
+/// A task aborted when dropped (the stand-in stops with the test).
+pub struct Task(tokio::task::JoinHandle<()>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// STAND-IN for kube-scheduler: binds every pod without `spec.nodeName` to a node that is
+/// `Ready`, not cordoned, untainted (taints are not matched against tolerations: the launcher
+/// test needs none) and whose labels match the pod's `nodeSelector` — of those, the one with the
+/// fewest pods. It binds through `pods/binding`, as kube-scheduler does; a pod that fits no node
+/// waits for the next pod or node change.
+pub fn scheduler(client: kube::Client) -> Task {
+    Task(tokio::spawn(async move {
+        let (pods, pw) = reflector::store::<Pod>();
+        let (nodes, nw) = reflector::store::<Node>();
+        let pod_events = reflector::reflector(pw, watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())).default_backoff();
+        let node_events = reflector::reflector(nw, watcher(Api::<Node>::all(client.clone()), watcher::Config::default())).default_backoff();
+        let mut events = futures::stream::select(pod_events.map(|_| ()).boxed(), node_events.map(|_| ()).boxed());
+        while events.next().await.is_some() {
+            for pod in pods.state().iter().filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_none())) {
+                if let Some(node) = fit(&pods, &nodes, pod) {
+                    bind(&client, pod, &node).await;
+                }
+            }
+        }
+    }))
+}
+
+fn fit(pods: &Store<Pod>, nodes: &Store<Node>, pod: &Pod) -> Option<String> {
+    let selector = pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default();
+    let load = |n: &str| pods.state().iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n)).count();
+    nodes
+        .state()
+        .iter()
+        .filter(|n| {
+            let spec = n.spec.clone().unwrap_or_default();
+            let ready = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            ready
+                && spec.unschedulable != Some(true)
+                && spec.taints.unwrap_or_default().is_empty()
+                && selector.iter().all(|(k, v)| n.labels().get(k) == Some(v))
+        })
+        .map(|n| n.name_any())
+        .min_by_key(|n| (load(n), n.clone()))
+}
+
+async fn bind(client: &kube::Client, pod: &Pod, node: &str) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod.name_any(), "uid": pod.uid()},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+    // 409: bound meanwhile (an older event); the store catches up.
+    let _ =
+        api.create_subresource::<serde_json::Value, serde_json::Value>("binding", &pod.name_any(), &PostParams::default(), &binding).await;
+}
+
+/// One pod process run by [`kubelet`].
+struct Running {
+    pid: i32,
+    grace: Duration,
+    waiter: tokio::task::JoinHandle<()>,
+}
+
+/// STAND-IN for node `node`'s kubelet: runs each pod bound to the node as a local process — the
+/// container's `command` and `args` (`virtplug` is this build's binary: the image's stand-in),
+/// its `env`, stdout and stderr in `ROOT/pods/UID.log` — and reports the pod's status (`Running`;
+/// `Succeeded` or `Failed` with the exit code when the process ends). A pod that is gone from
+/// the API gets SIGTERM, then SIGKILL after its grace (the embedded API server deletes pods at
+/// once: it has no graceful pod deletion, so there is nothing left to finalize).
+///
+/// No container runtime and no mount namespace: the node's file system is `root` (hostPath `P`
+/// is `ROOT/P`, created for `DirectoryOrCreate`), and a container path under a volume mount is
+/// rewritten to its host path in the command line (standing in for the mount).
+pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
+    let (node, root) = (node.to_owned(), root.to_owned());
+    Task(tokio::spawn(async move {
+        let (pods, writer) = reflector::store::<Pod>();
+        let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let mut events = reflector::reflector(writer, watcher(Api::<Pod>::all(client.clone()), cfg)).default_backoff().boxed();
+        let mut running: HashMap<String, Running> = HashMap::new();
+        while events.next().await.is_some() {
+            let present = pods.state();
+            for pod in &present {
+                let uid = pod.uid().unwrap_or_default();
+                let finished = pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed");
+                if !running.contains_key(&uid) && !finished {
+                    match start(&client, pod, &root).await {
+                        Ok(r) => {
+                            running.insert(uid, r);
+                        }
+                        Err(e) => report(&client, pod, json!({"phase": "Failed", "message": e})).await,
+                    }
+                }
+            }
+            let gone: Vec<String> =
+                running.keys().filter(|u| !present.iter().any(|p| p.uid().as_deref() == Some(u.as_str()))).cloned().collect();
+            for uid in gone {
+                let r = running.remove(&uid).unwrap();
+                tokio::spawn(kill(r));
+            }
+        }
+    }))
+}
+
+/// SIGTERM, the grace, SIGKILL (by PID, the process the kubelet started).
+async fn kill(r: Running) {
+    let Some(pid) = rustix::process::Pid::from_raw(r.pid).filter(|_| !r.waiter.is_finished()) else { return };
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let mut waiter = r.waiter;
+    if tokio::time::timeout(r.grace, &mut waiter).await.is_err() {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        let _ = waiter.await;
+    }
+}
+
+/// The host path of container path `arg` under the pod's volume mounts, if any.
+fn host_path(pod: &Pod, root: &Path, arg: &str) -> Option<PathBuf> {
+    let spec = pod.spec.as_ref()?;
+    let c = spec.containers.first()?;
+    c.volume_mounts.iter().flatten().find_map(|m| {
+        let rest = arg.strip_prefix(&m.mount_path)?;
+        let v = spec.volumes.iter().flatten().find(|v| v.name == m.name)?;
+        let hp = v.host_path.as_ref()?;
+        Some(PathBuf::from(format!("{}{}{rest}", root.display(), hp.path)))
+    })
+}
+
+async fn start(client: &kube::Client, pod: &Pod, root: &Path) -> Result<Running, String> {
+    let spec = pod.spec.clone().unwrap_or_default();
+    for v in spec.volumes.iter().flatten() {
+        if let Some(hp) = &v.host_path {
+            std::fs::create_dir_all(format!("{}{}", root.display(), hp.path)).map_err(|e| format!("hostPath {}: {e}", hp.path))?;
+        }
+    }
+    let c = spec.containers.first().ok_or("no container")?;
+    let mut argv: Vec<String> = c.command.iter().flatten().chain(c.args.iter().flatten()).cloned().collect();
+    for a in &mut argv {
+        if let Some(p) = host_path(pod, root, a) {
+            *a = p.display().to_string();
+        }
+    }
+    if argv.first().map(String::as_str) == Some("virtplug") {
+        argv[0] = env!("CARGO_BIN_EXE_virtplug").to_owned();
+    }
+    let logs = root.join("pods");
+    std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
+    let log = std::fs::File::create(logs.join(format!("{}.log", pod.uid().unwrap_or_default()))).map_err(|e| e.to_string())?;
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().map_err(|e| e.to_string())?).stderr(log);
+    for e in c.env.iter().flatten() {
+        cmd.env(&e.name, e.value.clone().unwrap_or_default());
+    }
+    // The test process's end kills what it started.
+    let mut child = cmd.kill_on_drop(true).spawn().map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
+    let pid = i32::try_from(child.id().ok_or("no pid")?).unwrap();
+    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let (name, image) = (c.name.clone(), c.image.clone().unwrap_or_default());
+    let container = move |state: serde_json::Value| json!([{"name": name, "image": image, "imageID": "", "ready": state.get("running").is_some(), "restartCount": 0, "state": state}]);
+    report(
+        client,
+        pod,
+        json!({"phase": "Running", "startTime": now, "containerStatuses": container(json!({"running": {"startedAt": now}}))}),
+    )
+    .await;
+    let (client, pod_c, started) = (client.clone(), pod.clone(), now.clone());
+    let waiter = tokio::spawn(async move {
+        let status = child.wait().await;
+        let code = status.map_or(1, |s| s.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)));
+        let phase = if code == 0 { "Succeeded" } else { "Failed" };
+        let end = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let state = json!({"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" }, "startedAt": started, "finishedAt": end}});
+        report(&client, &pod_c, json!({"phase": phase, "containerStatuses": container(state)})).await;
+    });
+    let grace = Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).try_into().unwrap_or(30));
+    Ok(Running { pid, grace, waiter })
+}
+
+/// Merges `status` into the pod's status (a pod deleted meanwhile: nothing to report).
+async fn report(client: &kube::Client, pod: &Pod, status: serde_json::Value) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let _ = api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(json!({"status": status}))).await;
+}
