@@ -442,7 +442,9 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     };
     let endpoints = crate::endpoints::serve(args.health_listen, state).await?;
     let storage_note = args.storage_root.as_ref().map_or("no local storage".to_owned(), |r| format!("local storage under {}", r.display()));
-    eprintln!("virtplug controller: running ({storage_note}; /healthz, /readyz, /metrics on http://{endpoints}; SIGTERM or Ctrl-C stops it)");
+    eprintln!(
+        "virtplug controller: running ({storage_note}; /healthz, /readyz, /metrics on http://{endpoints}; SIGTERM or Ctrl-C stops it)"
+    );
     let elector = args.leader_elect.then(|| {
         let identity = args.leader_election_identity.clone().unwrap_or_else(|| format!("{}_{}", host_name(), std::process::id()));
         let lease = args.leader_election_lease;

@@ -218,7 +218,21 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
     let mut node = spawn(
         "node",
         &d,
-        &["node", "--kubeconfig", kc, "--node-name", "rbac-node", "--data-dir", d.to_str().unwrap(), "--accel", "tcg", "--health-listen", "127.0.0.1:0", "--heartbeat-interval", "1s"],
+        &[
+            "node",
+            "--kubeconfig",
+            kc,
+            "--node-name",
+            "rbac-node",
+            "--data-dir",
+            d.to_str().unwrap(),
+            "--accel",
+            "tcg",
+            "--health-listen",
+            "127.0.0.1:0",
+            "--heartbeat-interval",
+            "1s",
+        ],
         false,
     );
     let client = client::connect_as(Some(&kubeconfig), TEST_AGENT).await.unwrap();
@@ -395,7 +409,8 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
         }
     })
     .await;
-    let taint = json!({"spec": {"taints": [{"key": api::annotations::OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}]}});
+    let taint =
+        json!({"spec": {"taints": [{"key": api::annotations::OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}]}});
     nodes.patch("rbac-node", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(taint)).await.unwrap();
     common::wait_until(STEP, "the fenced node's VMI f failed and replaced (its finalizer released)", || {
         let (vmis, first_uid) = (vmis.clone(), first_uid.clone());
