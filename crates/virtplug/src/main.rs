@@ -6,6 +6,7 @@ mod endpoints;
 mod growth_flags;
 mod import_flags;
 mod kubelet_standin;
+mod kubevirt_guard;
 mod launcher;
 mod migrate;
 mod mode_flags;

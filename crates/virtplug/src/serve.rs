@@ -254,6 +254,7 @@ pub fn host_name() -> String {
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     let client = crate::migrate::connect(args.kubeconfig, "node").await?;
+    crate::kubevirt_guard::refuse_beside_kubevirt(&client, "node agent").await?;
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     let mut config = node::agent::Config::new(&args.node_name.unwrap_or_else(host_name), &data_dir);
     if let Some(root) = args.storage_root {
@@ -414,6 +415,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
 
 pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let client = crate::migrate::connect(args.kubeconfig.clone(), "controller").await?;
+    crate::kubevirt_guard::refuse_beside_kubevirt(&client, "controller").await?;
     // The embedded storage's requests carry their own User-Agent: a cluster's controller role
     // grants none of them (see deploy/20-rbac.yaml).
     let storage = match &args.storage_root {

@@ -541,3 +541,49 @@ async fn the_cli_edits_the_vm_where_no_subresources_api_is_served() {
     })
     .await;
 }
+
+/// On a cluster where KubeVirt is deployed (its KubeVirt CR exists: the CRD registered here as
+/// data, as virt-operator would), `virtplug controller` and `virtplug node` refuse to start and
+/// say what to use instead; with the CRD but no KubeVirt CR they run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_and_agent_refuse_to_run_beside_kubevirt() {
+    let c = Cluster::start().await;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(c.client.clone());
+    let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": "kubevirts.kubevirt.io"},
+        "spec": {"group": "kubevirt.io", "scope": "Namespaced", "names": {"plural": "kubevirts", "singular": "kubevirt", "kind": "KubeVirt"},
+                 "versions": [{"name": "v1", "served": true, "storage": true,
+                               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}});
+    crds.create(&PostParams::default(), &serde_json::from_value(crd).unwrap()).await.unwrap();
+    let kc = c.kubeconfig();
+    let run = |args: &[&str]| {
+        let mut child =
+            Command::new(env!("CARGO_BIN_EXE_virtplug")).args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        (child.wait().unwrap(), err)
+    };
+    let kv_api =
+        kube::api::ApiResource::from_gvk_with_plural(&kube::api::GroupVersionKind::gvk("kubevirt.io", "v1", "KubeVirt"), "kubevirts");
+    let kvs: Api<kube::api::DynamicObject> = Api::namespaced_with(c.client.clone(), "kube-system", &kv_api);
+    common::wait_until(T, "the KubeVirt CRD to be served", || async { kvs.list(&Default::default()).await.ok().map(|_| ()) }).await;
+    // The CRD alone (virt-operator installed, KubeVirt not deployed): the controller runs.
+    let mut ctl = c.controller("c", &["--leader-elect=false"]);
+    ctl.line("virtplug controller: running", "the controller to start beside a KubeVirt CRD with no KubeVirt").await;
+    ctl.kill9();
+    let kv: kube::api::DynamicObject =
+        serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt", "namespace": "kube-system"}, "spec": {}}))
+            .unwrap();
+    kvs.create(&PostParams::default(), &kv).await.unwrap();
+    for (args, who) in [
+        (vec!["controller", "--kubeconfig", &kc, "--leader-elect=false", "--health-listen", "127.0.0.1:0"], "controller"),
+        (vec!["node", "--kubeconfig", &kc, "--node-name", "n1", "--health-listen", "127.0.0.1:0"], "node agent"),
+    ] {
+        let (status, err) = run(&args);
+        assert!(!status.success(), "{who} ran beside KubeVirt");
+        assert!(
+            err.contains("KubeVirt is deployed on this cluster (KubeVirt kube-system/kubevirt)") && err.contains("virtplug redfish"),
+            "{who}: {err}"
+        );
+    }
+}
