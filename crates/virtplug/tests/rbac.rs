@@ -22,6 +22,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "cluster/standins.rs"]
+mod standins;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -213,6 +215,13 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
         "127.0.0.1:0",
         "--node-heartbeat-timeout",
         "3s",
+        // As deploy/30-controller.yaml: a launcher pod per VMI.
+        "--placement",
+        "pods",
+        "--launcher-image",
+        "virtplug:test",
+        "--launcher-run-root",
+        "/node/vmis",
     ];
     let mut ctl = spawn("controller", &d, &ctl_args, false);
     let mut node = spawn(
@@ -236,8 +245,11 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
         false,
     );
     let client = client::connect_as(Some(&kubeconfig), TEST_AGENT).await.unwrap();
-    // The kubelet registers the Node (STAND-IN: the test, with its own User-Agent).
+    // The kubelet registers the Node and runs its pods; kube-scheduler binds them (STAND-INS:
+    // the test, with its own User-Agent, so their requests are not the components').
     common::fakenode::kubelet(&client, "rbac-node").await;
+    let _scheduler = standins::scheduler(client.clone());
+    let _kubelet = standins::kubelet(client.clone(), "rbac-node", &d);
     let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), "default");
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
