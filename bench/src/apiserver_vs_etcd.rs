@@ -267,12 +267,23 @@ async fn main() -> anyhow::Result<()> {
     let (_vp, client) = apiserver::start(&args.virtplug, &vp_dir).await?;
     let (_etcd, etcd) = start_etcd(&args.etcd, &etcd_dir).await?;
 
-    println!("| writers | virtplug updates/s | etcd txn/s | virtplug / etcd |");
-    println!("|---:|---:|---:|---:|");
+    // Throughput on this 2-core machine moves with whatever else runs; the server's own CPU time
+    // per update (utime + stime from /proc, 10 ms ticks over thousands of updates) moves much
+    // less, so both are printed.
+    let (vp_pid, etcd_pid) = (_vp.0.id(), _etcd.0.id());
+    println!("| writers | virtplug updates/s | etcd txn/s | virtplug / etcd | virtplug CPU µs/update | etcd CPU µs/txn | CPU etcd / virtplug |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for writers in [1, 8, 64] {
+        let c0 = virtplug_bench::cputime::cpu_seconds(vp_pid)?;
         let v = virtplug_updates(&client, writers, args.seconds).await?;
+        let c1 = virtplug_bench::cputime::cpu_seconds(vp_pid)?;
+        let e0 = virtplug_bench::cputime::cpu_seconds(etcd_pid)?;
         let e = etcd_updates(&etcd, writers, args.seconds).await?;
-        println!("| {writers} | {v:.0} | {e:.0} | {:.2} |", v / e);
+        let e1 = virtplug_bench::cputime::cpu_seconds(etcd_pid)?;
+        #[allow(clippy::cast_precision_loss)]
+        let per = |cpu: f64, rate: f64| cpu * 1e6 / (rate * args.seconds as f64).max(1.0);
+        let (vc, ec) = (per(c1 - c0, v), per(e1 - e0, e));
+        println!("| {writers} | {v:.0} | {e:.0} | {:.2} | {vc:.0} | {ec:.0} | {:.2} |", v / e, ec / vc);
     }
     println!();
     let v = virtplug_watch(&client, args.watchers, args.rounds).await?;

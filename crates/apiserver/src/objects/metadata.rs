@@ -84,6 +84,15 @@ pub fn check_type(def: &ResourceDef, obj: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Whether two objects are equal outside `metadata` and `status` (what moves `generation`),
+/// compared in place: no copy of either.
+fn same_spec(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return a == b };
+    let outside = |k: &String| k != "metadata" && k != "status";
+    a.keys().filter(|k| outside(k)).count() == b.keys().filter(|k| outside(k)).count()
+        && a.iter().filter(|(k, _)| outside(k)).all(|(k, v)| b.get(k) == Some(v))
+}
+
 /// Builds the object to store from the current one and what the client sent: identity fields
 /// stay the server's, status writes change only status, main writes keep the old status, and
 /// `generation` moves when the spec changes.
@@ -111,7 +120,8 @@ pub(super) fn merge_server_fields(def: &ResourceDef, cur: &Value, sent: Value, p
         }
         n
     };
-    let old_meta = meta(cur).clone();
+    // Borrowed, not cloned: metadata carries managedFields, often the object's largest part.
+    let old_meta = meta(cur);
     let m = meta_mut(&mut new);
     for field in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
         match old_meta.get(field) {
@@ -124,19 +134,9 @@ pub(super) fn merge_server_fields(def: &ResourceDef, cur: &Value, sent: Value, p
         }
     }
     m.insert("resourceVersion".into(), old_meta.get("resourceVersion").cloned().unwrap_or(Value::Null));
-    if part == Part::Main && old_meta.get("generation").is_some() {
-        let spec_of = |v: &Value| {
-            let mut v = v.clone();
-            if let Some(o) = v.as_object_mut() {
-                o.remove("metadata");
-                o.remove("status");
-            }
-            v
-        };
-        if spec_of(cur) != spec_of(&new) {
-            let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1).saturating_add(1);
-            meta_mut(&mut new).insert("generation".into(), json!(g));
-        }
+    if part == Part::Main && old_meta.get("generation").is_some() && !same_spec(cur, &new) {
+        let g = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1).saturating_add(1);
+        meta_mut(&mut new).insert("generation".into(), json!(g));
     }
     new
 }
