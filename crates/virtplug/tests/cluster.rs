@@ -585,7 +585,8 @@ async fn guest_has(log: &Path, want: &[&str]) {
 /// The VM's hot-plugged claims become exactly `claims` (a disk with serial = volume name).
 async fn set_hotplugged(vms: &Api<VirtualMachine>, name: &str, claims: &[&str]) {
     let disks: Vec<_> = claims.iter().map(|v| json!({"name": v, "disk": {"bus": "scsi"}, "serial": v})).collect();
-    let volumes: Vec<_> = claims.iter().map(|v| json!({"name": v, "persistentVolumeClaim": {"claimName": v, "hotpluggable": true}})).collect();
+    let volumes: Vec<_> =
+        claims.iter().map(|v| json!({"name": v, "persistentVolumeClaim": {"claimName": v, "hotpluggable": true}})).collect();
     let patch = json!({"spec": {"template": {"spec": {"domain": {"devices": {"disks": disks}}, "volumes": volumes}}}});
     vms.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
 }
@@ -664,7 +665,9 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
     let first = common::wait_until(T, "an attachment pod for hp1", || {
         let pods = pods.clone();
         let uid = uid.clone();
-        async move { attachment_pods(&pods, &uid).await.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")) }
+        async move {
+            attachment_pods(&pods, &uid).await.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        }
     })
     .await;
     assert!(first.name_any().starts_with("hp-volume-"));
@@ -681,7 +684,12 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
         let pods = pods.clone();
         let uid = uid.clone();
         let first_uid = first_uid.clone();
-        async move { attachment_pods(&pods, &uid).await.into_iter().find(|p| p.uid() != first_uid && p.spec.as_ref().unwrap().volumes.as_ref().unwrap().len() == 3) }
+        async move {
+            attachment_pods(&pods, &uid)
+                .await
+                .into_iter()
+                .find(|p| p.uid() != first_uid && p.spec.as_ref().unwrap().volumes.as_ref().unwrap().len() == 3)
+        }
     })
     .await;
     served_by(&c, "ap", &["hp1", "hp2"], &second, "hp1 and hp2 to name the new attachment pod").await;

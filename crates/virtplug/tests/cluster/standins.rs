@@ -73,7 +73,16 @@ fn fit(pods: &Store<Pod>, nodes: &Store<Node>, pod: &Pod) -> Option<String> {
 /// The hostnames a pod's required node affinity allows (`kubernetes.io/hostname In [...]`, the
 /// one form an attachment pod uses); `None` without such a term.
 fn hostname_affinity(pod: &Pod) -> Option<Vec<String>> {
-    let terms = &pod.spec.as_ref()?.affinity.as_ref()?.node_affinity.as_ref()?.required_during_scheduling_ignored_during_execution.as_ref()?.node_selector_terms;
+    let terms = &pod
+        .spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms;
     let names: Vec<String> = terms
         .iter()
         .flat_map(|t| t.match_expressions.iter().flatten())
