@@ -34,7 +34,7 @@ pub struct Cache {
     pub dvs: Store<DataVolume>,
     /// Every Node (scheduling, and whether a VMI's node still exists).
     pub nodes: Store<Node>,
-    /// Launcher pods (label `kubevirt.io=virt-launcher`); empty with direct placement.
+    /// Launcher and attachment pods (label `kubevirt.io`); empty with direct placement.
     pub pods: Store<Pod>,
 }
 

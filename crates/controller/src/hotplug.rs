@@ -25,6 +25,7 @@
 //! disks, then `replace` of each (or `add` when the old list was empty), so a VMI changed since
 //! the read is re-planned instead of overwritten.
 
+pub mod attachment_pod;
 mod plan;
 pub mod status;
 

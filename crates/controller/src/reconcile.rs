@@ -5,7 +5,8 @@
 //! 4. lifecycle: one [`lifecycle::Step`], and scheduling of a new VMI;
 //! 5. a one-time boot override set while the VMI runs: marked on the VMI, consumed once the
 //!    node agent reports the guest reset that used it;
-//! 6. declarative hot-plug of the running VMI, and its volumes' `Pending`/`Bound` status;
+//! 6. declarative hot-plug of the running VMI, its volumes' `Pending`/`Bound` status and (launcher
+//!    pods) its attachment pod ([`crate::hotplug::attachment_pod`]);
 //! 7. the VM's status, with the `SpecValid` and `VolumeRequestsPending` conditions.
 //!
 //! # Flow
@@ -253,6 +254,12 @@ impl Pass<'_> {
         crate::hotplug::report_claims_with(&self.ctx.client, vmi, &self.ctx.cache)
             .await
             .map_err(api_err(&self.object, "report its hot-plug volumes"))?;
+        if let crate::lifecycle::Placement::Pods(cfg) = &self.ctx.placement {
+            // Its writes (a pod, a status) wake the next pass through the pod and VMI watches.
+            crate::hotplug::attachment_pod::reconcile(&self.ctx.client, &self.ctx.cache, cfg, vmi)
+                .await
+                .map_err(api_err(&self.object, "keep its attachment pod"))?;
+        }
         Ok(false)
     }
 }

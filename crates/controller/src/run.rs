@@ -139,12 +139,13 @@ pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client
     let (pvcs, pvc_events) = stored::<PersistentVolumeClaim>(&client);
     let (dvs, dv_events) = stored::<DataVolume>(&client);
     let (nodes, node_events) = stored::<Node>(&client);
-    // Launcher pods are watched only when the controller makes them.
+    // Pods are watched only when the controller makes them.
     let (pods, pod_events) = if config.placement == crate::lifecycle::Placement::Direct {
         (reflector::store().0, futures::stream::empty().boxed())
     } else {
         let (writer_store, writer) = reflector::store();
-        let selector = format!("{}={}", crate::lifecycle::launcher_pod::APP_LABEL, crate::lifecycle::launcher_pod::APP_LAUNCHER);
+        // Launcher and attachment pods (`kubevirt.io` = `virt-launcher` / `hotplug-disk`).
+        let selector = crate::lifecycle::launcher_pod::APP_LABEL.to_owned();
         let watch = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(&selector));
         (writer_store, reflector::reflector(writer, watch).touched_objects().boxed())
     };
@@ -160,7 +161,7 @@ pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client
         .watches_stream(pvc_events, move |p| vms_using(&s1, &p.namespace().unwrap_or_default(), &p.name_any()))
         .watches_stream(dv_events, move |d| vms_using(&s2, &d.namespace().unwrap_or_default(), &d.name_any()))
         .watches_stream(node_events, move |n| vms_waiting_for(&s3, &n.name_any()))
-        // A launcher pod wakes the VM its label names (the VMI's name is the VM's).
+        // A launcher or attachment pod wakes the VM its label names (the VMI's name is the VM's).
         .watches_stream(pod_events, |p: Pod| {
             let vm = p.labels().get(crate::lifecycle::VM_LABEL)?.clone();
             Some(ObjectRef::new(&vm).within(&p.namespace().unwrap_or_default()))

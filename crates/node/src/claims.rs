@@ -103,7 +103,8 @@ pub async fn claim_path(shared: &Shared, ns: &str, claim: &Claim) -> Result<Path
 
 /// Opens the source of a hot-plug volume: from the local provisioner's storage root, or — in
 /// cluster mode, when the volume's status names its attachment pod (`attachPodUID`, published
-/// by KubeVirt's virt-controller) — inside that pod: a Filesystem claim's `disk.img` at
+/// by KubeVirt's virt-controller or virtplug's with `--placement pods`; with `--launcher-pods`
+/// it is waited for) — inside that pod: a Filesystem claim's `disk.img` at
 /// `/<volume>/disk.img`, a Block claim's device at `/path/<volume>/<claim uid>` (where
 /// KubeVirt's attachment pod has them).
 pub(crate) async fn open(
@@ -116,6 +117,11 @@ pub(crate) async fn open(
 ) -> Result<source::Opened, SourceError> {
     source::check_name("volume name", volume)?;
     let pvc = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
+    // Launcher pods: a claim reaches this node only through its attachment pod (the claim may
+    // be a CSI volume that is mounted nowhere else); wait until the controller names it.
+    if attach_pod.is_none() && shared.config.launcher_pods {
+        return Err(SourceError::NotReady(format!("volume {volume} waits for its attachment pod (attachPodUID)")));
+    }
     if let Some(pod) = attach_pod {
         let pods_dir = shared.config.kubelet_pods_dir.clone();
         let block = is_block(&pvc);

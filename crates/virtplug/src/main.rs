@@ -1,6 +1,7 @@
 //! `virtplug`: the one binary. `up` runs the embedded stack; the other subcommands run one
 //! component or talk to a running one.
 
+mod attachment_holder;
 mod cli;
 mod endpoints;
 mod growth_flags;
@@ -41,6 +42,9 @@ enum Command {
     /// Run one VMI's QEMU as its child: the main process of the VMI's launcher pod (started by
     /// the node agent over RUN_DIR/launcher.sock; exits with QEMU's status).
     Launcher(launcher::LauncherArgs),
+    /// The process of a hot-plug attachment pod (`hp-volume-*`): creates an empty Filesystem
+    /// claim's disk.img, listens on the hp.sock the node agent finds it by, sleeps until SIGTERM.
+    AttachmentHolder(attachment_holder::HolderArgs),
     /// Run the Redfish service (a BMC per VM) against an API server; manage its accounts.
     Redfish(redfish_cmd::RedfishArgs),
     /// Create, list, start, stop, restart, delete VMs; attach to a console.
@@ -115,6 +119,9 @@ fn main() -> std::process::ExitCode {
         // forked it, which must live as long as the launcher (see `qemu::launcher`).
         return launcher::main(&args);
     }
+    if let Command::AttachmentHolder(args) = &cli.command {
+        return attachment_holder::main(args);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -129,7 +136,7 @@ fn main() -> std::process::ExitCode {
             Command::Controller(args) => serve::controller(args).await,
             Command::Node(args) => serve::node(args).await,
             Command::Redfish(args) => redfish_cmd::run(args).await,
-            Command::Launcher(_) => unreachable!("run before the runtime"),
+            Command::Launcher(_) | Command::AttachmentHolder(_) => unreachable!("run before the runtime"),
             Command::Vm { cmd, common } => cli::vm(cmd, common).await,
             Command::Volume { cmd, common } => cli::volume(cmd, common).await,
             Command::Addvolume { args, common } => cli::addvolume(args, common).await,

@@ -586,4 +586,177 @@ async fn controller_and_agent_refuse_to_run_beside_kubevirt() {
             "{who}: {err}"
         );
     }
+
+/// A Filesystem claim bound by the STAND-IN CSI (standins' `ROOT/../csi/NS/NAME` directory):
+/// created, then its status set `Bound` with its capacity, as a provisioner would.
+async fn csi_claim(c: &Cluster, name: &str, size: &str) {
+    let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem", "resources": {"requests": {"storage": size}}}});
+    pvcs.create(&PostParams::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+    let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size}}});
+    pvcs.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
+}
+
+/// The guest's hot-plugged disks by serial, from its console (`BLOCK+ dev ... id=serial.X`).
+fn guest_disks(log: &Path) -> std::collections::BTreeSet<String> {
+    let mut by_dev = std::collections::BTreeMap::new();
+    for l in common::guest::console_lines(log) {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        match w.first() {
+            Some(&"BLOCK+") => {
+                if let Some(id) = w.iter().find_map(|t| t.strip_prefix("id=serial.")) {
+                    by_dev.insert(w[1].to_owned(), id.to_owned());
+                }
+            }
+            Some(&"BLOCK-") => {
+                by_dev.remove(w[1]);
+            }
+            _ => {}
+        }
+    }
+    by_dev.into_values().collect()
+}
+
+async fn guest_has(log: &Path, want: &[&str]) {
+    let want: std::collections::BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
+    common::wait_until(T, &format!("the guest to have exactly the hot-plugged disks {want:?}"), || {
+        let ok = guest_disks(log) == want;
+        async move { ok.then_some(()) }
+    })
+    .await;
+}
+
+/// The VM's hot-plugged claims become exactly `claims` (a disk with serial = volume name).
+async fn set_hotplugged(vms: &Api<VirtualMachine>, name: &str, claims: &[&str]) {
+    let disks: Vec<_> = claims.iter().map(|v| json!({"name": v, "disk": {"bus": "scsi"}, "serial": v})).collect();
+    let volumes: Vec<_> =
+        claims.iter().map(|v| json!({"name": v, "persistentVolumeClaim": {"claimName": v, "hotpluggable": true}})).collect();
+    let patch = json!({"spec": {"template": {"spec": {"domain": {"devices": {"disks": disks}}, "volumes": volumes}}}});
+    vms.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+}
+
+/// The attachment pods of VMI `uid` (not being deleted), by name.
+async fn attachment_pods(pods: &Api<Pod>, uid: &str) -> Vec<Pod> {
+    let lp = ListParams::default().labels(&format!("virtplug.io/attachment-for={uid}"));
+    pods.list(&lp).await.map(|l| l.items).unwrap_or_default().into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect()
+}
+
+/// Waits until every volume in `volumes` names attachment pod `pod` with its UID.
+async fn served_by(c: &Cluster, vm: &str, volumes: &[&str], pod: &Pod, what: &str) {
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(c.client.clone(), "default");
+    common::wait_until(T, what, || {
+        let vmis = vmis.clone();
+        async move {
+            let st = vmis.get_opt(vm).await.ok()??.status?;
+            volumes
+                .iter()
+                .all(|v| {
+                    st.volume(v).and_then(|e| e.hotplug_volume.clone()).is_some_and(|h| {
+                        h.attach_pod_name.as_deref() == pod.metadata.name.as_deref() && h.attach_pod_uid == pod.metadata.uid
+                    })
+                })
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+/// Attachment pods (issue 19): with launcher pods, a hot-plugged claim reaches the guest through
+/// an `hp-volume-*` pod on the VMI's node (stand-in kubelet: its own mount namespace with the
+/// claim bind-mounted at `/<volume>`; the holder creates the empty claim's `disk.img`), which
+/// the real agent opens through `/proc/PID/root`. A second claim swaps the pod (the new one
+/// first; the old one deleted only once the new one runs, the first disk staying in the guest),
+/// and unplugging both deletes the last pod. The stand-in kubelet records any pod deleted while
+/// a process still holds a file of a claim that no other pod there mounts (`detached-in-use`):
+/// on real storage that is a guest I/O error; it must never happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
+    if !common::guest::is_root() {
+        eprintln!("skipped: the stand-in kubelet's mount namespaces need root");
+        return;
+    }
+    let c = Cluster::start().await;
+    c.kubelet_nodes(&["n1", "n2"]).await;
+    let _ctl = c.controller(
+        "c",
+        &["--leader-elect=false", "--placement", "pods", "--launcher-image", "virtplug:test", "--launcher-run-root", "/node/vmis"],
+    );
+    let pods_dir = |n: &str| c.dir.path().join(n).join("var/lib/kubelet/pods").display().to_string();
+    let _n1 = c.node_with("n1", &["--launcher-pods", "--kubelet-pods-dir", &pods_dir("n1")]);
+    let _n2 = c.node_with("n2", &["--launcher-pods", "--kubelet-pods-dir", &pods_dir("n2")]);
+    let _scheduler = standins::scheduler(c.client.clone());
+    let _kubelets = [
+        standins::kubelet(c.client.clone(), "n1", &c.dir.path().join("n1")),
+        standins::kubelet(c.client.clone(), "n2", &c.dir.path().join("n2")),
+    ];
+    csi_claim(&c, "hp1", "64Mi").await;
+    csi_claim(&c, "hp2", "32Mi").await;
+
+    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
+    vms.create(&PostParams::default(), &guest_vm("ap", Some("n2"))).await.unwrap();
+    let vmi = c.running("ap", BOOT).await;
+    let uid = vmi.uid().unwrap();
+    let log = c.dir.path().join("n2/node/vmis").join(&uid).join("serial.log");
+    common::wait_until(BOOT, "the guest to boot (VP-READY on its console)", || {
+        let ready = common::guest::console_lines(&log).iter().any(|l| l.starts_with("VP-READY"));
+        async move { ready.then_some(()) }
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+
+    // One claim: a pod on the VMI's node carrying it; its UID in the status; the disk in the guest.
+    set_hotplugged(&vms, "ap", &["hp1"]).await;
+    let first = common::wait_until(T, "an attachment pod for hp1", || {
+        let pods = pods.clone();
+        let uid = uid.clone();
+        async move {
+            attachment_pods(&pods, &uid).await.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        }
+    })
+    .await;
+    assert!(first.name_any().starts_with("hp-volume-"));
+    assert_eq!(first.spec.as_ref().unwrap().node_name.as_deref(), Some("n2"), "the scheduler honoured the pod's node affinity");
+    served_by(&c, "ap", &["hp1"], &first, "hp1's status to name its attachment pod and UID").await;
+    guest_has(&log, &["hp1"]).await;
+    let img = c.dir.path().join("csi/default/hp1/disk.img");
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20, "the holder made the empty claim's disk.img, the claim's size");
+
+    // A second claim: a new pod carrying both; the old one goes only after; hp1 stays.
+    set_hotplugged(&vms, "ap", &["hp1", "hp2"]).await;
+    let first_uid = first.uid();
+    let second = common::wait_until(T, "an attachment pod carrying hp1 and hp2", || {
+        let pods = pods.clone();
+        let uid = uid.clone();
+        let first_uid = first_uid.clone();
+        async move {
+            attachment_pods(&pods, &uid)
+                .await
+                .into_iter()
+                .find(|p| p.uid() != first_uid && p.spec.as_ref().unwrap().volumes.as_ref().unwrap().len() == 3)
+        }
+    })
+    .await;
+    served_by(&c, "ap", &["hp1", "hp2"], &second, "hp1 and hp2 to name the new attachment pod").await;
+    guest_has(&log, &["hp1", "hp2"]).await;
+    common::wait_until(T, "the old attachment pod to be deleted", || {
+        let pods = pods.clone();
+        let uid = uid.clone();
+        let first = first.uid();
+        async move { (!attachment_pods(&pods, &uid).await.iter().any(|p| p.uid() == first)).then_some(()) }
+    })
+    .await;
+    assert_eq!(guest_disks(&log), ["hp1", "hp2"].iter().map(|s| (*s).to_owned()).collect(), "no disk left the guest in the swap");
+
+    // Unplug both: the guest loses them, then the last pod goes.
+    set_hotplugged(&vms, "ap", &[]).await;
+    guest_has(&log, &[]).await;
+    common::wait_until(T, "every attachment pod to be deleted after the unplug", || {
+        let pods = pods.clone();
+        let uid = uid.clone();
+        async move { attachment_pods(&pods, &uid).await.is_empty().then_some(()) }
+    })
+    .await;
+    let early = std::fs::read_to_string(c.dir.path().join("n2/detached-in-use")).unwrap_or_default();
+    assert!(early.is_empty(), "an attachment pod was deleted while QEMU held its claim:\n{early}");
 }

@@ -136,11 +136,11 @@ type WriteError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The launcher pod of VMI `uid` in the cache.
 fn cached_pod(cache: &Cache, ns: &str, uid: &str) -> Option<std::sync::Arc<Pod>> {
-    cache
-        .pods
-        .state()
-        .into_iter()
-        .find(|p| p.namespace().as_deref() == Some(ns) && p.labels().get(CREATED_BY).map(String::as_str) == Some(uid))
+    cache.pods.state().into_iter().find(|p| {
+        p.namespace().as_deref() == Some(ns)
+            && p.labels().get(APP_LABEL).map(String::as_str) == Some(APP_LAUNCHER)
+            && p.labels().get(CREATED_BY).map(String::as_str) == Some(uid)
+    })
 }
 
 /// The launcher pod of VMI `uid`, read from the API (before a create or a verdict of "gone").

@@ -1,6 +1,8 @@
 //! STAND-INS for a cluster's own components, for the launcher-pod test (no real cluster here):
 //! [`scheduler`] plays kube-scheduler, [`kubelet`] plays one node's kubelet. Both are tasks of
 //! the test process talking to the real API server through kube-rs, as the real ones would.
+//! Claims are a STAND-IN for network storage: claim `NS/NAME` is the directory
+//! `ROOT/../csi/NS/NAME` (one for every node), Filesystem mode only.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -62,9 +64,32 @@ fn fit(pods: &Store<Pod>, nodes: &Store<Node>, pod: &Pod) -> Option<String> {
                 && spec.unschedulable != Some(true)
                 && spec.taints.unwrap_or_default().is_empty()
                 && selector.iter().all(|(k, v)| n.labels().get(k) == Some(v))
+                && hostname_affinity(pod).is_none_or(|names| names.iter().any(|h| n.labels().get("kubernetes.io/hostname") == Some(h)))
         })
         .map(|n| n.name_any())
         .min_by_key(|n| (load(n), n.clone()))
+}
+
+/// The hostnames a pod's required node affinity allows (`kubernetes.io/hostname In [...]`, the
+/// one form an attachment pod uses); `None` without such a term.
+fn hostname_affinity(pod: &Pod) -> Option<Vec<String>> {
+    let terms = &pod
+        .spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms;
+    let names: Vec<String> = terms
+        .iter()
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .filter(|e| e.key == "kubernetes.io/hostname" && e.operator == "In")
+        .flat_map(|e| e.values.clone().unwrap_or_default())
+        .collect();
+    (!names.is_empty()).then_some(names)
 }
 
 async fn bind(client: &kube::Client, pod: &Pod, node: &str) {
@@ -81,6 +106,8 @@ struct Running {
     pid: i32,
     grace: Duration,
     waiter: tokio::task::JoinHandle<()>,
+    /// The claim directories the pod has mounted (an attachment pod's).
+    claims: Vec<PathBuf>,
 }
 
 /// STAND-IN for node `node`'s kubelet: runs each pod bound to the node as a local process — the
@@ -90,9 +117,16 @@ struct Running {
 /// the API gets SIGTERM, then SIGKILL after its grace (the embedded API server deletes pods at
 /// once: it has no graceful pod deletion, so there is nothing left to finalize).
 ///
-/// No container runtime and no mount namespace: the node's file system is `root` (hostPath `P`
-/// is `ROOT/P`, created for `DirectoryOrCreate`), and a container path under a volume mount is
-/// rewritten to its host path in the command line (standing in for the mount).
+/// No container runtime: the node's file system is `root` (hostPath `P` is `ROOT/P`, created
+/// for `DirectoryOrCreate`), and a container path under a volume mount is rewritten to its host
+/// path in the command line (standing in for the mount). A pod with claim or emptyDir volumes
+/// (an attachment pod) runs in a mount namespace and root of its own instead ([`start_isolated`]):
+/// a tmpfs with the host's `/usr`, the claims' directories bind-mounted at their mount paths
+/// and each emptyDir at its mount path, backed by
+/// `ROOT/var/lib/kubelet/pods/UID/volumes/kubernetes.io~empty-dir/NAME` (the kubelet's layout).
+/// When such a pod is deleted while a process still holds a file of a claim no other pod on
+/// the node mounts, a line goes to `ROOT/detached-in-use`: on real storage the claim would be
+/// detached under that process (a guest I/O error); tests assert the file stays absent.
 pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
     let (node, root) = (node.to_owned(), root.to_owned());
     Task(tokio::spawn(async move {
@@ -118,6 +152,15 @@ pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
                 running.keys().filter(|u| !present.iter().any(|p| p.uid().as_deref() == Some(u.as_str()))).cloned().collect();
             for uid in gone {
                 let r = running.remove(&uid).unwrap();
+                // A claim no other pod here still mounts is detached from the node: a
+                // process (QEMU) holding a file of it would lose its I/O on real storage.
+                for dir in r.claims.iter().filter(|d| !running.values().any(|o| o.claims.contains(d))) {
+                    for holder in holders_under(dir) {
+                        let line = format!("pod {uid} deleted while {holder} holds a file of claim {}\n", dir.display());
+                        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(root.join("detached-in-use")).unwrap();
+                        std::io::Write::write_all(&mut f, line.as_bytes()).unwrap();
+                    }
+                }
                 tokio::spawn(kill(r));
             }
         }
@@ -155,6 +198,7 @@ async fn start(client: &kube::Client, pod: &Pod, root: &Path) -> Result<Running,
         }
     }
     let c = spec.containers.first().ok_or("no container")?;
+    let isolated = spec.volumes.iter().flatten().any(|v| v.persistent_volume_claim.is_some() || v.empty_dir.is_some());
     let mut argv: Vec<String> = c.command.iter().flatten().chain(c.args.iter().flatten()).cloned().collect();
     for a in &mut argv {
         if let Some(p) = host_path(pod, root, a) {
@@ -167,8 +211,11 @@ async fn start(client: &kube::Client, pod: &Pod, root: &Path) -> Result<Running,
     let logs = root.join("pods");
     std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
     let log = std::fs::File::create(logs.join(format!("{}.log", pod.uid().unwrap_or_default()))).map_err(|e| e.to_string())?;
-    let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..]).stdin(std::process::Stdio::null()).stdout(log.try_clone().map_err(|e| e.to_string())?).stderr(log);
+    let (mut cmd, claims) = if isolated { start_isolated(pod, root, &argv)? } else { (tokio::process::Command::new(&argv[0]), Vec::new()) };
+    if !isolated {
+        cmd.args(&argv[1..]);
+    }
+    cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone().map_err(|e| e.to_string())?).stderr(log);
     for e in c.env.iter().flatten() {
         cmd.env(&e.name, e.value.clone().unwrap_or_default());
     }
@@ -194,11 +241,77 @@ async fn start(client: &kube::Client, pod: &Pod, root: &Path) -> Result<Running,
         report(&client, &pod_c, json!({"phase": phase, "containerStatuses": container(state)})).await;
     });
     let grace = Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).try_into().unwrap_or(30));
-    Ok(Running { pid, grace, waiter })
+    Ok(Running { pid, grace, waiter, claims })
 }
 
 /// Merges `status` into the pod's status (a pod deleted meanwhile: nothing to report).
 async fn report(client: &kube::Client, pod: &Pod, status: serde_json::Value) {
     let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
     let _ = api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(json!({"status": status}))).await;
+}
+
+/// The command running `argv` in a mount namespace and root of its own (see [`kubelet`]), and
+/// the claim directories it mounts. `unshare` execs (no fork), so the PID is the pod's process.
+fn start_isolated(pod: &Pod, root: &Path, argv: &[String]) -> Result<(tokio::process::Command, Vec<PathBuf>), String> {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let c = spec.containers.first().ok_or("no container")?;
+    let uid = pod.uid().unwrap_or_default();
+    let pod_root = root.join("pod-roots").join(&uid);
+    std::fs::create_dir_all(&pod_root).map_err(|e| format!("{}: {e}", pod_root.display()))?;
+    let mut binds: Vec<(PathBuf, String)> = Vec::new();
+    let mut claims = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let v = spec.volumes.iter().flatten().find(|v| v.name == m.name).ok_or(format!("no volume {}", m.name))?;
+        let host = if let Some(pvc) = &v.persistent_volume_claim {
+            let dir = root.join("../csi").join(pod.namespace().unwrap_or_default()).join(&pvc.claim_name);
+            claims.push(dir.clone());
+            dir
+        } else if v.empty_dir.is_some() {
+            root.join("var/lib/kubelet/pods").join(&uid).join("volumes/kubernetes.io~empty-dir").join(&v.name)
+        } else {
+            return Err(format!("volume {}: only claims and emptyDirs in an isolated pod", v.name));
+        };
+        std::fs::create_dir_all(&host).map_err(|e| format!("{}: {e}", host.display()))?;
+        binds.push((host, m.mount_path.clone()));
+    }
+    let script = r#"set -e
+R="$1"; BIN="$2"; shift 2
+mount -t tmpfs pod-root "$R"
+mkdir -p "$R/usr"
+mount --rbind /usr "$R/usr"
+for d in bin lib lib64 sbin; do ln -s "usr/$d" "$R/$d"; done
+touch "$R/virtplug"; mount --bind "$BIN" "$R/virtplug"
+while [ "$1" != "--" ]; do mkdir -p "$R$2"; mount --bind "$1" "$R$2"; shift 2; done
+shift
+exec chroot "$R" "$@"
+"#;
+    let mut cmd = tokio::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", script, "pod"]).arg(&pod_root).arg(env!("CARGO_BIN_EXE_virtplug"));
+    for (host, path) in &binds {
+        cmd.arg(host).arg(path);
+    }
+    cmd.arg("--");
+    let mut inside = argv.to_vec();
+    if c.command.iter().flatten().next().map(String::as_str) == Some("virtplug") {
+        inside[0] = "/virtplug".to_owned();
+    }
+    cmd.args(&inside);
+    Ok((cmd, claims))
+}
+
+/// The processes (`PID (comm)`) holding a file of `dir` open, matched by device and inode
+/// through `/proc/*/fd` (a path would not do: the file was opened in another mount namespace).
+fn holders_under(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let files: Vec<(u64, u64)> =
+        std::fs::read_dir(dir).into_iter().flatten().flatten().filter_map(|e| e.metadata().ok()).map(|m| (m.dev(), m.ino())).collect();
+    let mut out = Vec::new();
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
+        if fds.flatten().any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| files.contains(&(m.dev(), m.ino())))) {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            out.push(format!("{} ({})", p.file_name().to_string_lossy(), comm.trim()));
+        }
+    }
+    out
 }
