@@ -271,7 +271,9 @@ async fn main() -> anyhow::Result<()> {
     // per update (utime + stime from /proc, 10 ms ticks over thousands of updates) moves much
     // less, so both are printed.
     let (vp_pid, etcd_pid) = (_vp.0.id(), _etcd.0.id());
-    println!("| writers | virtplug updates/s | etcd txn/s | virtplug / etcd | virtplug CPU µs/update | etcd CPU µs/txn | CPU etcd / virtplug |");
+    println!(
+        "| writers | virtplug updates/s | etcd txn/s | virtplug / etcd | virtplug CPU µs/update | etcd CPU µs/txn | CPU etcd / virtplug |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for writers in [1, 8, 64] {
         let c0 = virtplug_bench::cputime::cpu_seconds(vp_pid)?;

@@ -586,6 +586,7 @@ async fn controller_and_agent_refuse_to_run_beside_kubevirt() {
             "{who}: {err}"
         );
     }
+}
 
 /// A Filesystem claim bound by the STAND-IN CSI (standins' `ROOT/../csi/NS/NAME` directory):
 /// created, then its status set `Bound` with its capacity, as a provisioner would.
