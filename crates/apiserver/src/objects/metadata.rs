@@ -140,3 +140,18 @@ pub(super) fn merge_server_fields(def: &ResourceDef, cur: &Value, sent: Value, p
     }
     new
 }
+
+#[cfg(test)]
+mod tests {
+    use super::same_spec;
+    use serde_json::json;
+
+    #[test]
+    fn same_spec_ignores_metadata_and_status_only() {
+        let a = json!({"kind": "VirtualMachine", "metadata": {"name": "a", "managedFields": [1]}, "spec": {"x": 1}, "status": {"s": 1}});
+        assert!(same_spec(&a, &json!({"kind": "VirtualMachine", "metadata": {"name": "b"}, "spec": {"x": 1}})));
+        assert!(!same_spec(&a, &json!({"kind": "VirtualMachine", "metadata": {}, "spec": {"x": 2}})), "a changed field");
+        assert!(!same_spec(&a, &json!({"kind": "VirtualMachine", "metadata": {}})), "a removed field");
+        assert!(!same_spec(&a, &json!({"kind": "VirtualMachine", "spec": {"x": 1}, "data": {}})), "an added field");
+    }
+}
