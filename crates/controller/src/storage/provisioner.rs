@@ -110,6 +110,8 @@ struct Ctx {
     /// reconcile reads these, not the API server.
     classes: Store<StorageClass>,
     volumes: Store<PersistentVolume>,
+    /// Set once the stores held their first lists (or [`STORES_READY`] passed).
+    stores_ready: tokio::sync::OnceCell<()>,
 }
 
 fn api_err(claim: &str) -> impl FnOnce(client::UpdateError<client::Never>) -> ProvisionError + '_ {
@@ -187,6 +189,18 @@ pub fn release(root: &Path, uid: &str, claim: &str) -> Result<(), ProvisionError
 }
 
 async fn reconcile(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Ctx>) -> Result<Action, ProvisionError> {
+    // The first reconciles wait for the StorageClass and PersistentVolume stores' first lists,
+    // so a claim naming an existing class is not told it is missing. The wait is here, inside
+    // the running controller, because the controller's own loop is what drives those watches:
+    // waiting before it ran (as before) could only end by the deadline, 10 s after every start.
+    // An API server that serves neither kind never fills them: the claims go on after the
+    // deadline as with no class, and later reconciles do not wait again.
+    ctx.stores_ready
+        .get_or_init(|| async {
+            let both = async { tokio::join!(ctx.classes.wait_until_ready(), ctx.volumes.wait_until_ready()) };
+            let _ = tokio::time::timeout(STORES_READY, both).await;
+        })
+        .await;
     let r = reconcile_once(pvc, ctx).await;
     crate::metrics::count("claim", r.is_ok());
     r
@@ -529,14 +543,28 @@ pub async fn run(client: kube::Client, root: PathBuf) {
     let pvs = reflector::reflector(volume_writer, watcher(Api::<PersistentVolume>::all(client.clone()), watcher::Config::default()))
         .default_backoff()
         .touched_objects();
-    let ctx = Arc::new(Ctx { client: client.clone(), root: root.clone(), classes: class_store.clone(), volumes: volume_store.clone() });
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        root: root.clone(),
+        classes: class_store.clone(),
+        volumes: volume_store.clone(),
+        stores_ready: tokio::sync::OnceCell::new(),
+    });
     let controller = Controller::new(pvcs, watcher::Config::default());
-    let store = controller.store();
+    let (store, terminating) = (controller.store(), controller.store());
     let claims = controller
-        // A VMI's change (its deletion above all) wakes the claims it uses.
-        .watches(vmis, watcher::Config::default(), |vmi| {
+        // A VMI's change (its deletion above all) wakes the claims it uses, and the claims of its
+        // namespace being deleted: one unplugged from it is no longer named by its new version,
+        // yet waits for exactly this change to be released.
+        .watches(vmis, watcher::Config::default(), move |vmi| {
             let ns = vmi.namespace().unwrap_or_default();
-            claims_of(&vmi).into_iter().map(move |c| ObjectRef::new(&c).within(&ns))
+            let deleting: Vec<ObjectRef<PersistentVolumeClaim>> = terminating
+                .state()
+                .iter()
+                .filter(|c| c.metadata.deletion_timestamp.is_some() && c.namespace().as_deref() == Some(ns.as_str()))
+                .map(|c| ObjectRef::from_obj(c.as_ref()))
+                .collect();
+            claims_of(&vmi).into_iter().map(|c| ObjectRef::new(&c).within(&ns)).chain(deleting).collect::<Vec<_>>()
         })
         // A class's change wakes the claims that name it and those without a class (the default
         // may have changed): a claim waiting for a missing class is provisioned when it appears.
@@ -556,16 +584,5 @@ pub async fn run(client: kube::Client, root: PathBuf) {
         })
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});
-    // Claims are reconciled once both stores hold their first list, so a claim naming an
-    // existing class is not told it is missing; an API server without these kinds never
-    // fills them, and the claims go on after the deadline as with no class.
-    let ready = async {
-        let _ = tokio::time::timeout(STORES_READY, async { tokio::join!(class_store.wait_until_ready(), volume_store.wait_until_ready()) })
-            .await;
-    };
-    let claims = async move {
-        ready.await;
-        claims.await;
-    };
     tokio::join!(claims, volume::run(client, root));
 }
