@@ -216,7 +216,8 @@ impl Elector {
 }
 
 /// Runs `work` only while `elector` leads: acquire, run `work` beside the renewals, and on a
-/// lost lease drop `work` at once and campaign again. `leading` is told each change.
+/// lost lease drop `work` at once and campaign again. `leading` and the
+/// `virtplug_controller_leader` gauge are told each change.
 pub async fn run_while_leading<F, Fut>(elector: &Elector, leading: &tokio::sync::watch::Sender<bool>, mut work: F)
 where
     F: FnMut() -> Fut,
@@ -226,6 +227,7 @@ where
         elector.acquire().await;
         tracing::info!("leader election: {} leads (Lease {})", elector.identity, elector.name);
         leading.send_replace(true);
+        crate::metrics::leader().set(1);
         tokio::select! {
             () = elector.keep() => {}
             () = work() => {
@@ -233,6 +235,7 @@ where
             }
         }
         leading.send_replace(false);
+        crate::metrics::leader().set(0);
     }
 }
 

@@ -469,12 +469,8 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         match task_elector {
             Some(elector) => {
                 controller::leader::run_while_leading(&elector, &leading_tx, || {
-                    controller::metrics::leader().set(1);
                     let (client, storage, config) = (client.clone(), storage.clone(), config.clone());
-                    async move {
-                        controller::run::run_with_storage_client(client, storage, config).await;
-                        controller::metrics::leader().set(0);
-                    }
+                    async move { controller::run::run_with_storage_client(client, storage, config).await }
                 })
                 .await;
             }
