@@ -341,6 +341,7 @@ async fn run(input: Value) {
         git_version: "fuzz".into(),
         metrics: None,
         watches: apiserver::watch::WatchSlots::default(),
+        kubevirt_subresources: true,
     };
     let api = Api { router: axum::Router::new().fallback(apiserver::routes::dispatch).with_state(Arc::new(state)) };
 
