@@ -112,6 +112,18 @@ struct Ctx {
     volumes: Store<PersistentVolume>,
     /// Set once the stores held their first lists (or [`STORES_READY`] passed).
     stores_ready: tokio::sync::OnceCell<()>,
+    /// Deleted claims a VMI still used at their last reconcile: any VMI change in their namespace
+    /// wakes them (an unplug leaves the claim out of the VMI's new version, yet is what they wait
+    /// for). Kept here so a VMI event looks at these few, not at every claim.
+    in_use: InUse,
+}
+
+/// See [`Ctx::in_use`].
+type InUse = Arc<std::sync::Mutex<std::collections::HashSet<ObjectRef<PersistentVolumeClaim>>>>;
+
+fn in_use(set: &InUse) -> std::sync::MutexGuard<'_, std::collections::HashSet<ObjectRef<PersistentVolumeClaim>>> {
+    // Every operation is one insert, remove or scan: consistent after any panic.
+    set.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn api_err(claim: &str) -> impl FnOnce(client::UpdateError<client::Never>) -> ProvisionError + '_ {
@@ -257,14 +269,19 @@ impl Claim<'_> {
     /// it (the VMI's change wakes the claim again), its PV's reclaim policy applies and the
     /// finalizer is dropped.
     async fn release(&self) -> Result<(), ProvisionError> {
+        let me = ObjectRef::from_obj(self.pvc);
         if !self.pvc.finalizers().iter().any(|f| f == FINALIZER) {
+            in_use(&self.ctx.in_use).remove(&me);
             return Ok(());
         }
         let ns = self.pvc.namespace().unwrap_or_default();
         let users = users(&self.ctx.client, &ns, &self.name())
             .await
             .map_err(|e| ProvisionError::Api { claim: self.object.clone(), source: Box::new(e) })?;
-        if !users.is_empty() {
+        if users.is_empty() {
+            in_use(&self.ctx.in_use).remove(&me);
+        } else {
+            in_use(&self.ctx.in_use).insert(me);
             let msg = format!("claim is used by VMI {}; its storage is released when no VMI uses it", users.join(", "));
             events::publish(&self.ctx.client, COMPONENT, self.pvc, EventType::Normal, "ClaimInUse", &msg).await;
             return Ok(());
@@ -543,28 +560,25 @@ pub async fn run(client: kube::Client, root: PathBuf) {
     let pvs = reflector::reflector(volume_writer, watcher(Api::<PersistentVolume>::all(client.clone()), watcher::Config::default()))
         .default_backoff()
         .touched_objects();
+    let waiting = InUse::default();
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         root: root.clone(),
         classes: class_store.clone(),
         volumes: volume_store.clone(),
         stores_ready: tokio::sync::OnceCell::new(),
+        in_use: Arc::clone(&waiting),
     });
     let controller = Controller::new(pvcs, watcher::Config::default());
-    let (store, terminating) = (controller.store(), controller.store());
+    let store = controller.store();
     let claims = controller
-        // A VMI's change (its deletion above all) wakes the claims it uses, and the claims of its
-        // namespace being deleted: one unplugged from it is no longer named by its new version,
-        // yet waits for exactly this change to be released.
+        // A VMI's change (its deletion above all) wakes the claims it uses, and the deleted
+        // claims of its namespace still waiting for a VMI to let go ([`Ctx::in_use`]).
         .watches(vmis, watcher::Config::default(), move |vmi| {
             let ns = vmi.namespace().unwrap_or_default();
-            let deleting: Vec<ObjectRef<PersistentVolumeClaim>> = terminating
-                .state()
-                .iter()
-                .filter(|c| c.metadata.deletion_timestamp.is_some() && c.namespace().as_deref() == Some(ns.as_str()))
-                .map(|c| ObjectRef::from_obj(c.as_ref()))
-                .collect();
-            claims_of(&vmi).into_iter().map(|c| ObjectRef::new(&c).within(&ns)).chain(deleting).collect::<Vec<_>>()
+            let waiting: Vec<ObjectRef<PersistentVolumeClaim>> =
+                in_use(&waiting).iter().filter(|c| c.namespace.as_deref() == Some(ns.as_str())).cloned().collect();
+            claims_of(&vmi).into_iter().map(|c| ObjectRef::new(&c).within(&ns)).chain(waiting).collect::<Vec<_>>()
         })
         // A class's change wakes the claims that name it and those without a class (the default
         // may have changed): a claim waiting for a missing class is provisioned when it appears.
