@@ -599,30 +599,10 @@ async fn csi_claim(c: &Cluster, name: &str, size: &str) {
     pvcs.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
 }
 
-/// The guest's hot-plugged disks by serial, from its console (`BLOCK+ dev ... id=serial.X`).
-fn guest_disks(log: &Path) -> std::collections::BTreeSet<String> {
-    let mut by_dev = std::collections::BTreeMap::new();
-    for l in common::guest::console_lines(log) {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        match w.first() {
-            Some(&"BLOCK+") => {
-                if let Some(id) = w.iter().find_map(|t| t.strip_prefix("id=serial.")) {
-                    by_dev.insert(w[1].to_owned(), id.to_owned());
-                }
-            }
-            Some(&"BLOCK-") => {
-                by_dev.remove(w[1]);
-            }
-            _ => {}
-        }
-    }
-    by_dev.into_values().collect()
-}
-
 async fn guest_has(log: &Path, want: &[&str]) {
     let want: std::collections::BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
     common::wait_until(T, &format!("the guest to have exactly the hot-plugged disks {want:?}"), || {
-        let ok = guest_disks(log) == want;
+        let ok = common::guest::hotplugged_disks(log) == want;
         async move { ok.then_some(()) }
     })
     .await;
@@ -747,7 +727,11 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
         async move { (!attachment_pods(&pods, &uid).await.iter().any(|p| p.uid() == first)).then_some(()) }
     })
     .await;
-    assert_eq!(guest_disks(&log), ["hp1", "hp2"].iter().map(|s| (*s).to_owned()).collect(), "no disk left the guest in the swap");
+    assert_eq!(
+        common::guest::hotplugged_disks(&log),
+        ["hp1", "hp2"].iter().map(|s| (*s).to_owned()).collect(),
+        "no disk left the guest in the swap"
+    );
 
     // Unplug both: the guest loses them, then the last pod goes.
     set_hotplugged(&vms, "ap", &[]).await;

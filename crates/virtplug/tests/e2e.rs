@@ -181,22 +181,7 @@ impl Up {
 
     /// The guest's current hot-plugged disks by serial.
     fn guest_disks(&self, uid: &str) -> BTreeSet<String> {
-        let mut by_dev = std::collections::BTreeMap::new();
-        for l in self.serial_log(uid) {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            match w.first() {
-                Some(&"BLOCK+") => {
-                    if let Some(id) = w.iter().find_map(|t| t.strip_prefix("id=serial.")) {
-                        by_dev.insert(w[1].to_owned(), id.to_owned());
-                    }
-                }
-                Some(&"BLOCK-") => {
-                    by_dev.remove(w[1]);
-                }
-                _ => {}
-            }
-        }
-        by_dev.into_values().collect()
+        common::guest::hotplugged_disks(&self.dir.path().join("node/vmis").join(uid).join("serial.log"))
     }
 
     async fn guest_has(&self, uid: &str, want: &[&str]) {

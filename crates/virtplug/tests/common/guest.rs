@@ -20,6 +20,27 @@ pub fn console_lines(log: &Path) -> Vec<String> {
     complete.lines().map(|l| l.trim_end_matches('\r').to_owned()).collect()
 }
 
+/// The guest's hot-plugged disks by serial, from its console log (the test guest prints
+/// `BLOCK+ dev ... id=serial.X` when a disk appears and `BLOCK- dev` when it goes).
+pub fn hotplugged_disks(log: &Path) -> std::collections::BTreeSet<String> {
+    let mut by_dev = std::collections::BTreeMap::new();
+    for l in console_lines(log) {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        match w.first() {
+            Some(&"BLOCK+") => {
+                if let Some(id) = w.iter().find_map(|t| t.strip_prefix("id=serial.")) {
+                    by_dev.insert(w[1].to_owned(), id.to_owned());
+                }
+            }
+            Some(&"BLOCK-") => {
+                by_dev.remove(w[1]);
+            }
+            _ => {}
+        }
+    }
+    by_dev.into_values().collect()
+}
+
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
