@@ -61,6 +61,8 @@ pub struct Served {
     pub name: String,
     /// The version's `openAPIV3Schema` (an object schema when the CRD has none).
     pub schema: Value,
+    /// The same schema compiled for the writes' pruning, defaulting and validation.
+    pub structural: schema::Structural,
     pub columns: Vec<columns::Column>,
     /// `.spec.replicas`-style paths of the scale subresource.
     pub scale: Option<Scale>,
@@ -126,11 +128,13 @@ pub fn defs(crd: &Value) -> Result<Vec<&'static ResourceDef>, String> {
             status_replicas_path: sc.get("statusReplicasPath").and_then(Value::as_str).unwrap_or(".status.replicas").to_owned(),
             label_selector_path: sc.get("labelSelectorPath").and_then(Value::as_str).map(str::to_owned),
         });
+        let openapi = v("/schema/openAPIV3Schema")
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
         let served = Served {
             name: name.clone(),
-            schema: v("/schema/openAPIV3Schema")
-                .cloned()
-                .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})),
+            structural: schema::Structural::compile(&openapi),
+            schema: openapi,
             columns: columns::from_crd(v("/additionalPrinterColumns")),
             scale,
         };

@@ -111,7 +111,7 @@ fn not_an_object(def: &ResourceDef, name: &str, stored: &Value) -> Result<(), Ap
 /// The kind's [`registry::Strategy::normalize`] on a body about to be validated and stored.
 fn normalize(def: &ResourceDef, name: &str, obj: &mut Value) -> Result<(), ApiError> {
     if let Some(crd) = def.crd {
-        crate::crd::schema::prune_and_default(&crd.schema, obj);
+        crate::crd::schema::prune_and_default(&crd.structural, obj);
     }
     let causes = def.strategy.map(|s| (s.normalize)(obj)).unwrap_or_default();
     if causes.is_empty() {
@@ -298,7 +298,7 @@ impl Objects {
 
     fn validate(&self, def: &ResourceDef, name: &str, obj: &Value) -> Result<(), ApiError> {
         if let Some(crd) = def.crd {
-            let causes = crate::crd::schema::validate(&crd.schema, obj);
+            let causes = crate::crd::schema::validate(&crd.structural, obj);
             if !causes.is_empty() {
                 return Err(ApiError::invalid(def.group, def.kind, name, &causes));
             }
@@ -497,7 +497,7 @@ impl Objects {
             not_an_object(def, name, &cur.object)?;
             let mut new = compute(&cur)?;
             check_type(def, &mut new)?;
-            let applied_fields = new.pointer("/metadata/managedFields").cloned();
+            let applied_fields = matches!(track, Track::Applied).then(|| new.pointer("/metadata/managedFields").cloned()).flatten();
             let mut new = merge_server_fields(def, &cur.object, new, part);
             if part == Part::Main {
                 normalize(def, name, &mut new)?;

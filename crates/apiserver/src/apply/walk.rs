@@ -189,6 +189,9 @@ impl<'s> Walker<'s> {
                 self.everything_under(o, path, &mut d.removed, depth);
                 return;
             }
+            // Equal values differ nowhere below: one comparison instead of a walk that builds
+            // paths (most of an update's object is unchanged).
+            (Some(o), Some(n)) if o == n => return,
             (Some(o), Some(n)) => (o, n),
         };
         if depth >= MAX_OBJECT_DEPTH {

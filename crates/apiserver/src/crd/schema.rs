@@ -24,52 +24,141 @@ use api::validation::{Cause, CauseType};
 
 const ROOT_FIELDS: [&str; 3] = ["apiVersion", "kind", "metadata"];
 
-fn preserves(schema: &Value) -> bool {
-    schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
+fn flag(schema: &Value, key: &str) -> bool {
+    schema.get(key) == Some(&Value::Bool(true))
+}
+
+/// A structural schema compiled once per served version: each node's checks as fields, its
+/// `pattern` compiled, its defaults listed, so that a write looks nothing up by name and
+/// allocates nothing unless it finds something to report.
+#[derive(Debug, Default)]
+pub struct Structural {
+    ty: Option<String>,
+    nullable: bool,
+    int_or_string: bool,
+    /// `x-kubernetes-preserve-unknown-fields`, or `additionalProperties` that is `true` or a
+    /// schema: unknown fields of an object here are kept.
+    keep_unknown: bool,
+    embedded: bool,
+    enumeration: Option<Vec<Value>>,
+    minimum: Option<f64>,
+    maximum: Option<f64>,
+    exclusive_minimum: bool,
+    exclusive_maximum: bool,
+    min_length: Option<usize>,
+    max_length: Option<usize>,
+    min_items: Option<usize>,
+    max_items: Option<usize>,
+    min_properties: Option<usize>,
+    max_properties: Option<usize>,
+    /// The pattern as written, and compiled (`None` when it is not a regular expression, which
+    /// [`structural_causes`] refuses before a CRD is stored).
+    pattern: Option<(String, Option<regex::Regex>)>,
+    required: Vec<String>,
+    /// `(property, default, nullable)` for each property with a `default`.
+    defaults: Vec<(String, Value, bool)>,
+    properties: Option<std::collections::BTreeMap<String, Structural>>,
+    /// `additionalProperties` when it is a schema.
+    additional: Option<Box<Structural>>,
+    items: Option<Box<Structural>>,
+    /// Whether pruning or defaulting can change anything at or under this node: false for a
+    /// subtree that keeps unknown fields and has no defaults anywhere, which
+    /// [`prune_and_default`] then skips.
+    prunes: bool,
+}
+
+impl Structural {
+    /// Compiles `schema` (an `openAPIV3Schema` node). Below [`crate::limits::MAX_OBJECT_DEPTH`]
+    /// a node keeps everything and checks nothing ([`structural_causes`] refuses such schemas).
+    #[must_use]
+    pub fn compile(schema: &Value) -> Structural {
+        Self::compile_at(schema, 0)
+    }
+
+    fn compile_at(schema: &Value, depth: usize) -> Structural {
+        if depth > crate::limits::MAX_OBJECT_DEPTH {
+            return Structural { keep_unknown: true, ..Structural::default() };
+        }
+        let count = |k: &str| schema.get(k).and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok());
+        let bound = |k: &str| schema.get(k).and_then(Value::as_f64);
+        let props = schema.get("properties").and_then(Value::as_object);
+        let additional = schema.get("additionalProperties");
+        let sub = |v: &Value| Box::new(Self::compile_at(v, depth + 1));
+        let mut s = Structural {
+            ty: schema.get("type").and_then(Value::as_str).map(str::to_owned),
+            nullable: flag(schema, "nullable"),
+            int_or_string: flag(schema, "x-kubernetes-int-or-string"),
+            keep_unknown: flag(schema, "x-kubernetes-preserve-unknown-fields")
+                || additional.is_some_and(|a| a.is_object() || a == &Value::Bool(true)),
+            embedded: flag(schema, "x-kubernetes-embedded-resource"),
+            enumeration: schema.get("enum").and_then(Value::as_array).cloned(),
+            minimum: bound("minimum"),
+            maximum: bound("maximum"),
+            exclusive_minimum: flag(schema, "exclusiveMinimum"),
+            exclusive_maximum: flag(schema, "exclusiveMaximum"),
+            min_length: count("minLength"),
+            max_length: count("maxLength"),
+            min_items: count("minItems"),
+            max_items: count("maxItems"),
+            min_properties: count("minProperties"),
+            max_properties: count("maxProperties"),
+            pattern: schema.get("pattern").and_then(Value::as_str).map(|p| (p.to_owned(), regex::Regex::new(p).ok())),
+            required: schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect(),
+            defaults: props
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, sub)| sub.get("default").map(|d| (k.clone(), d.clone(), flag(sub, "nullable"))))
+                .collect(),
+            properties: props.map(|p| p.iter().map(|(k, v)| (k.clone(), Self::compile_at(v, depth + 1))).collect()),
+            additional: additional.filter(|a| a.is_object()).map(sub),
+            items: schema.get("items").map(sub),
+            prunes: false,
+        };
+        s.prunes = !s.keep_unknown
+            || !s.defaults.is_empty()
+            || s.properties.iter().flat_map(|p| p.values()).any(|p| p.prunes)
+            || s.additional.as_ref().is_some_and(|a| a.prunes)
+            || s.items.as_ref().is_some_and(|i| i.prunes);
+        s
+    }
+
+    fn property(&self, key: &str) -> Option<&Structural> {
+        self.properties.as_ref().and_then(|p| p.get(key))
+    }
 }
 
 /// Drops the fields `schema` does not allow and sets its defaults, in place.
-pub fn prune_and_default(schema: &Value, obj: &mut Value) {
+pub fn prune_and_default(schema: &Structural, obj: &mut Value) {
     walk(schema, obj, true);
 }
 
-fn walk(schema: &Value, obj: &mut Value, root: bool) {
+fn walk(schema: &Structural, obj: &mut Value, root: bool) {
+    if !schema.prunes {
+        return;
+    }
     match obj {
         Value::Object(map) => {
-            let props = schema.get("properties").and_then(Value::as_object);
-            if let Some(props) = props {
-                for (k, sub) in props {
-                    if let Some(default) = sub.get("default") {
-                        if map.get(k).is_none_or(Value::is_null)
-                            && !(sub.get("nullable") == Some(&Value::Bool(true)) && map.contains_key(k))
-                        {
-                            map.insert(k.clone(), default.clone());
-                        }
-                    }
+            for (k, default, nullable) in &schema.defaults {
+                if map.get(k).is_none_or(Value::is_null) && !(*nullable && map.contains_key(k)) {
+                    map.insert(k.clone(), default.clone());
                 }
             }
-            let additional = schema.get("additionalProperties");
-            let embedded = schema.get("x-kubernetes-embedded-resource") == Some(&Value::Bool(true));
-            let keep_unknown = preserves(schema) || additional.is_some_and(|a| a.is_object() || a == &Value::Bool(true));
-            map.retain(|k, _| {
-                (root && ROOT_FIELDS.contains(&k.as_str()))
-                    || (embedded && ROOT_FIELDS.contains(&k.as_str()))
-                    || props.is_some_and(|p| p.contains_key(k))
-                    || keep_unknown
-            });
+            if !schema.keep_unknown {
+                map.retain(|k, _| {
+                    ((root || schema.embedded) && ROOT_FIELDS.contains(&k.as_str())) || schema.property(k).is_some()
+                });
+            }
             for (k, v) in map.iter_mut() {
                 if root && ROOT_FIELDS.contains(&k.as_str()) {
                     continue;
                 }
-                if let Some(sub) = props.and_then(|p| p.get(k)) {
-                    walk(sub, v, false);
-                } else if let Some(sub) = additional.filter(|a| a.is_object()) {
+                if let Some(sub) = schema.property(k).or(schema.additional.as_deref()) {
                     walk(sub, v, false);
                 }
             }
         }
         Value::Array(items) => {
-            if let Some(sub) = schema.get("items") {
+            if let Some(sub) = &schema.items {
                 for item in items {
                     walk(sub, item, false);
                 }
@@ -81,9 +170,9 @@ fn walk(schema: &Value, obj: &mut Value, root: bool) {
 
 /// Validates `obj` against `schema`; every violation, named by field.
 #[must_use]
-pub fn validate(schema: &Value, obj: &Value) -> Vec<Cause> {
+pub fn validate(schema: &Structural, obj: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
-    check(schema, obj, "", true, &mut causes);
+    check(schema, obj, Path::Root, true, &mut causes);
     causes
 }
 
@@ -99,46 +188,72 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
+/// Where a value is, spelled only when a cause names it (`spec.ports[0].name`).
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Root,
+    Key(&'a Path<'a>, &'a str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Root => Ok(()),
+            Path::Key(Path::Root, k) => f.write_str(k),
+            Path::Key(p, k) => write!(f, "{p}.{k}"),
+            Path::Index(p, i) => write!(f, "{p}[{i}]"),
+        }
     }
 }
 
-fn invalid(causes: &mut Vec<Cause>, path: &str, v: &Value, what: &str) {
-    causes.push(Cause::new(CauseType::Invalid, path, format!("Invalid value: {v}: {what}")));
+impl Path<'_> {
+    /// The field as a cause names it.
+    fn field(&self) -> String {
+        self.to_string()
+    }
+
+    /// The value as kube-apiserver's messages place it: `body`, `spec.size in body`.
+    fn at(&self) -> String {
+        match self {
+            Path::Root => "body".to_owned(),
+            p => format!("{p} in body"),
+        }
+    }
 }
 
-fn check(schema: &Value, v: &Value, path: &str, root: bool, causes: &mut Vec<Cause>) {
-    let at = if path.is_empty() { "body".to_owned() } else { format!("{path} in body") };
+fn invalid(causes: &mut Vec<Cause>, path: Path<'_>, v: &Value, what: &str) {
+    causes.push(Cause::new(CauseType::Invalid, path.field(), format!("Invalid value: {v}: {what}")));
+}
+
+fn check(schema: &Structural, v: &Value, path: Path<'_>, root: bool, causes: &mut Vec<Cause>) {
     if v.is_null() {
-        if !root && schema.get("nullable") != Some(&Value::Bool(true)) && schema.get("type").is_some() {
-            invalid(causes, path, v, &format!("{at} must be of type {}", schema["type"].as_str().unwrap_or("object")));
+        if !root && !schema.nullable {
+            if let Some(ty) = &schema.ty {
+                invalid(causes, path, v, &format!("{} must be of type {ty}", path.at()));
+            }
         }
         return;
     }
-    let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
     let actual = type_name(v);
-    if int_or_string {
+    if schema.int_or_string {
         if !matches!(actual, "integer" | "string") {
-            invalid(causes, path, v, &format!("{at} must be of type integer or string"));
+            invalid(causes, path, v, &format!("{} must be of type integer or string", path.at()));
             return;
         }
-    } else if let Some(want) = schema.get("type").and_then(Value::as_str) {
+    } else if let Some(want) = &schema.ty {
         let ok = want == actual || (want == "number" && actual == "integer");
         if !ok {
-            invalid(causes, path, v, &format!("{at} must be of type {want}: {actual:?}"));
+            invalid(causes, path, v, &format!("{} must be of type {want}: {actual:?}", path.at()));
             return;
         }
     }
-    if let Some(Value::Array(allowed)) = schema.get("enum") {
+    if let Some(allowed) = &schema.enumeration {
         if !allowed.contains(v) {
             let list: Vec<String> = allowed.iter().map(Value::to_string).collect();
             causes.push(Cause::new(
                 CauseType::NotSupported,
-                path,
+                path.field(),
                 format!("Unsupported value: {v}: supported values: {}", list.join(", ")),
             ));
         }
@@ -146,45 +261,43 @@ fn check(schema: &Value, v: &Value, path: &str, root: bool, causes: &mut Vec<Cau
     match v {
         Value::Number(n) => {
             let x = n.as_f64().unwrap_or(0.0);
-            let bound = |k: &str| schema.get(k).and_then(Value::as_f64);
-            let excl = |k: &str| schema.get(k) == Some(&Value::Bool(true));
-            if let Some(min) = bound("minimum") {
-                if x < min || (excl("exclusiveMinimum") && x <= min) {
-                    invalid(causes, path, v, &format!("{at} should be greater than or equal to {min}"));
+            if let Some(min) = schema.minimum {
+                if x < min || (schema.exclusive_minimum && x <= min) {
+                    invalid(causes, path, v, &format!("{} should be greater than or equal to {min}", path.at()));
                 }
             }
-            if let Some(max) = bound("maximum") {
-                if x > max || (excl("exclusiveMaximum") && x >= max) {
-                    invalid(causes, path, v, &format!("{at} should be less than or equal to {max}"));
+            if let Some(max) = schema.maximum {
+                if x > max || (schema.exclusive_maximum && x >= max) {
+                    invalid(causes, path, v, &format!("{} should be less than or equal to {max}", path.at()));
                 }
             }
         }
         Value::String(s) => {
-            let len = s.chars().count();
-            let count = |k: &str| schema.get(k).and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok());
-            if count("minLength").is_some_and(|m| len < m) {
-                invalid(causes, path, v, &format!("{at} should be at least {} chars long", count("minLength").unwrap_or(0)));
+            if schema.min_length.is_some() || schema.max_length.is_some() {
+                let len = s.chars().count();
+                if let Some(m) = schema.min_length.filter(|m| len < *m) {
+                    invalid(causes, path, v, &format!("{} should be at least {m} chars long", path.at()));
+                }
+                if let Some(m) = schema.max_length.filter(|m| len > *m) {
+                    causes.push(Cause::new(CauseType::TooLong, path.field(), format!("Too long: may not be more than {m} bytes")));
+                }
             }
-            if let Some(m) = count("maxLength").filter(|m| len > *m) {
-                causes.push(Cause::new(CauseType::TooLong, path, format!("Too long: may not be more than {m} bytes")));
-            }
-            if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
-                if regex::Regex::new(p).is_ok_and(|re| !re.is_match(s)) {
-                    invalid(causes, path, v, &format!("{at} should match '{p}'"));
+            if let Some((p, Some(re))) = &schema.pattern {
+                if !re.is_match(s) {
+                    invalid(causes, path, v, &format!("{} should match '{p}'", path.at()));
                 }
             }
         }
         Value::Array(items) => {
-            let count = |k: &str| schema.get(k).and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok());
-            if let Some(m) = count("minItems").filter(|m| items.len() < *m) {
-                invalid(causes, path, v, &format!("{at} should have at least {m} items"));
+            if let Some(m) = schema.min_items.filter(|m| items.len() < *m) {
+                invalid(causes, path, v, &format!("{} should have at least {m} items", path.at()));
             }
-            if let Some(m) = count("maxItems").filter(|m| items.len() > *m) {
-                causes.push(Cause::new(CauseType::TooLong, path, format!("Too many: {}: must have at most {m} items", items.len())));
+            if let Some(m) = schema.max_items.filter(|m| items.len() > *m) {
+                causes.push(Cause::new(CauseType::TooLong, path.field(), format!("Too many: {}: must have at most {m} items", items.len())));
             }
-            if let Some(sub) = schema.get("items") {
+            if let Some(sub) = &schema.items {
                 for (i, item) in items.iter().enumerate() {
-                    check(sub, item, &format!("{path}[{i}]"), false, causes);
+                    check(sub, item, Path::Index(&path, i), false, causes);
                 }
             }
         }
@@ -193,27 +306,24 @@ fn check(schema: &Value, v: &Value, path: &str, root: bool, causes: &mut Vec<Cau
     }
 }
 
-fn check_object(schema: &Value, map: &Map<String, Value>, path: &str, root: bool, causes: &mut Vec<Cause>) {
-    for r in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+fn check_object(schema: &Structural, map: &Map<String, Value>, path: Path<'_>, root: bool, causes: &mut Vec<Cause>) {
+    for r in &schema.required {
         if !map.contains_key(r) {
-            causes.push(Cause::new(CauseType::Required, join(path, r), "Required value"));
+            causes.push(Cause::new(CauseType::Required, Path::Key(&path, r).field(), "Required value"));
         }
     }
-    let count = |k: &str| schema.get(k).and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok());
-    if let Some(m) = count("maxProperties").filter(|m| map.len() > *m) {
-        causes.push(Cause::new(CauseType::TooLong, path, format!("Too many: {}: must have at most {m} items", map.len())));
+    if let Some(m) = schema.max_properties.filter(|m| map.len() > *m) {
+        causes.push(Cause::new(CauseType::TooLong, path.field(), format!("Too many: {}: must have at most {m} items", map.len())));
     }
-    if let Some(m) = count("minProperties").filter(|m| map.len() < *m) {
-        causes.push(Cause::new(CauseType::Invalid, path, format!("must have at least {m} properties")));
+    if let Some(m) = schema.min_properties.filter(|m| map.len() < *m) {
+        causes.push(Cause::new(CauseType::Invalid, path.field(), format!("must have at least {m} properties")));
     }
-    let props = schema.get("properties").and_then(Value::as_object);
-    let additional = schema.get("additionalProperties").filter(|a| a.is_object());
     for (k, v) in map {
         if root && ROOT_FIELDS.contains(&k.as_str()) {
             continue;
         }
-        if let Some(sub) = props.and_then(|p| p.get(k)).or(additional) {
-            check(sub, v, &join(path, k), false, causes);
+        if let Some(sub) = schema.property(k).or(schema.additional.as_deref()) {
+            check(sub, v, Path::Key(&path, k), false, causes);
         }
     }
 }
@@ -252,10 +362,11 @@ fn lint(schema: &Value, at: &str, depth: usize, causes: &mut Vec<Cause>) {
         }
     }
     if let Some(d) = m.get("default") {
+        let compiled = Structural::compile(schema);
         let mut defaulted = d.clone();
-        walk(schema, &mut defaulted, false);
+        walk(&compiled, &mut defaulted, false);
         let mut inner = Vec::new();
-        check(schema, &defaulted, "", false, &mut inner);
+        check(&compiled, &defaulted, Path::Root, false, &mut inner);
         if let Some(c) = inner.first() {
             causes.push(Cause::new(CauseType::Invalid, format!("{at}.default"), format!("does not match its schema: {}", c.message)));
         }
@@ -294,20 +405,20 @@ mod tests {
     fn unknown_fields_are_pruned_where_the_schema_says_and_defaults_are_set() {
         let mut obj = json!({"apiVersion": "x.io/v1", "kind": "T", "metadata": {"name": "a"}, "junk": 1,
                              "spec": {"size": 2, "typo": true, "labels": {"a": "b"}, "extra": {"kept": {"deep": 1}}}});
-        prune_and_default(&schema(), &mut obj);
+        prune_and_default(&Structural::compile(&schema()), &mut obj);
         assert_eq!(
             obj,
             json!({"apiVersion": "x.io/v1", "kind": "T", "metadata": {"name": "a"},
                                 "spec": {"size": 2, "color": "red", "labels": {"a": "b"}, "extra": {"kept": {"deep": 1}}}})
         );
-        assert!(validate(&schema(), &obj).is_empty(), "{:?}", validate(&schema(), &obj));
+        assert!(validate(&Structural::compile(&schema()), &obj).is_empty(), "{:?}", validate(&Structural::compile(&schema()), &obj));
     }
 
     #[test]
     fn violations_name_each_field_as_kube_apiserver_does() {
         let obj = json!({"spec": {"size": 0, "color": "green", "port": true, "name": "ABCDEFG", "tags": ["a", "b", 3], "labels": {"a": 1}},
                          "status": {"ready": "yes"}});
-        let fields: Vec<String> = validate(&schema(), &obj).into_iter().map(|c| c.field).collect();
+        let fields: Vec<String> = validate(&Structural::compile(&schema()), &obj).into_iter().map(|c| c.field).collect();
         assert_eq!(
             fields,
             [
@@ -322,9 +433,9 @@ mod tests {
                 "status.ready"
             ]
         );
-        let missing: Vec<String> = validate(&schema(), &json!({"spec": {}})).into_iter().map(|c| c.field).collect();
+        let missing: Vec<String> = validate(&Structural::compile(&schema()), &json!({"spec": {}})).into_iter().map(|c| c.field).collect();
         assert_eq!(missing, ["spec.size"]);
-        let c = &validate(&schema(), &json!({"spec": {"size": "two"}}))[0];
+        let c = &validate(&Structural::compile(&schema()), &json!({"spec": {"size": "two"}}))[0];
         assert!(c.message.contains("spec.size in body must be of type integer"), "{}", c.message);
     }
 
