@@ -369,14 +369,12 @@ pub fn from_vmi(
             _ if hotplug || volume.is_none() => {}
             _ => {
                 let Some(v) = volume else { continue };
-                if v.cloud_init_no_cloud.is_some() {
-                    continue;
-                }
                 let path = source(v).ok_or_else(|| invalid(format!("{field}.name"), format!("volume {:?} has no local source", d.name)))?;
                 boot_disks.push(BootDisk {
                     id: d.name.clone(),
                     path,
-                    readonly: d.readonly(),
+                    // A cloud-init seed is a read-only image (ISO 9660) the agent built.
+                    readonly: d.readonly() || v.cloud_init().is_some(),
                     sata: d.bus() == Some("sata"),
                     bootindex: d.boot_order,
                     serial: d.serial.clone(),
