@@ -89,7 +89,16 @@ fn source_causes(s: &CloudInitSource, field: &str) -> Vec<Cause> {
     }
     let present = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.is_empty());
     let parts = [
-        ("user", "userdatasource", &s.user_data, &s.user_data_base64, &s.user_data_secret_ref, "userDataBase64", "secretRef", USER_DATA_MAX),
+        (
+            "user",
+            "userdatasource",
+            &s.user_data,
+            &s.user_data_base64,
+            &s.user_data_secret_ref,
+            "userDataBase64",
+            "secretRef",
+            USER_DATA_MAX,
+        ),
         (
             "network",
             "networkdata source",
@@ -192,7 +201,11 @@ mod tests {
             (json!({"networkData": "x".repeat(NETWORK_DATA_MAX + 1)}), F.to_owned(), "networkdata exceeds 2048 byte limit"),
             (json!({}), F.to_owned(), "must have at least one userdatasource or one networkdatasource set"),
             (json!({"userData": ""}), F.to_owned(), "must have at least one"),
-            (json!({"userDataSecretRef": {"name": "s"}}), format!("{F}.userDataSecretRef"), "unknown field \"userDataSecretRef\": KubeVirt names"),
+            (
+                json!({"userDataSecretRef": {"name": "s"}}),
+                format!("{F}.userDataSecretRef"),
+                "unknown field \"userDataSecretRef\": KubeVirt names",
+            ),
             (json!({"secretRef": {"name": "Bad_Name"}}), format!("{F}.secretRef.name"), "is not a valid name"),
         ] {
             let causes = refused("cloudInitNoCloud", &source);
@@ -200,7 +213,10 @@ mod tests {
         }
         // The decoded size counts for base64, as in KubeVirt.
         let big = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; USER_DATA_MAX + 1]);
-        assert_eq!(refused("cloudInitConfigDrive", &json!({"userDataBase64": big}))[0].0, "spec.template.spec.volumes[0].cloudInitConfigDrive");
+        assert_eq!(
+            refused("cloudInitConfigDrive", &json!({"userDataBase64": big}))[0].0,
+            "spec.template.spec.volumes[0].cloudInitConfigDrive"
+        );
     }
 
     #[test]

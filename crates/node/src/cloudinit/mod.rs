@@ -104,11 +104,9 @@ impl Seed {
     #[must_use]
     pub fn files(&self) -> Vec<(&'static str, Vec<u8>)> {
         let (meta, user, network) = match self.kind {
-            CloudInitKind::NoCloud => (
-                ("meta-data", json!({"instance-id": self.instance_id, "local-hostname": self.hostname})),
-                "user-data",
-                "network-config",
-            ),
+            CloudInitKind::NoCloud => {
+                (("meta-data", json!({"instance-id": self.instance_id, "local-hostname": self.hostname})), "user-data", "network-config")
+            }
             CloudInitKind::ConfigDrive => (
                 (
                     "openstack/latest/meta_data.json",
@@ -161,8 +159,7 @@ pub fn write(seed: &Seed, run_dir: &Path) -> Result<PathBuf, CloudInitError> {
 /// # Errors
 /// [`CloudInitError`].
 pub async fn resolve(client: &kube::Client, vmi: &VirtualMachineInstance) -> Result<Option<Seed>, CloudInitError> {
-    let Some((i, volume, kind, source)) =
-        vmi.spec.volumes.iter().enumerate().find_map(|(i, v)| v.cloud_init().map(|(k, s)| (i, v, k, s)))
+    let Some((i, volume, kind, source)) = vmi.spec.volumes.iter().enumerate().find_map(|(i, v)| v.cloud_init().map(|(k, s)| (i, v, k, s)))
     else {
         return Ok(None);
     };
@@ -230,7 +227,10 @@ async fn data(secrets: &Api<Secret>, ns: &str, s: &CloudInitSource, part: Part, 
     };
     if bytes.0.len() > SECRET_DATA_MAX {
         return Err(CloudInitError::Invalid {
-            message: format!("Secret {namespace}/{name} holds {} bytes; at most {SECRET_DATA_MAX} are put on a cloud-init image", bytes.0.len()),
+            message: format!(
+                "Secret {namespace}/{name} holds {} bytes; at most {SECRET_DATA_MAX} are put on a cloud-init image",
+                bytes.0.len()
+            ),
             field,
         });
     }
@@ -264,10 +264,7 @@ mod tests {
         assert_eq!(nc.files()[1].1, nc.user_data);
         assert_eq!(paths(&seed(CloudInitKind::NoCloud, Some(b"version: 2\n"))), ["meta-data", "user-data", "network-config"]);
         let cd = seed(CloudInitKind::ConfigDrive, Some(b"{}"));
-        assert_eq!(
-            paths(&cd),
-            ["openstack/latest/meta_data.json", "openstack/latest/user_data", "openstack/latest/network_data.json"]
-        );
+        assert_eq!(paths(&cd), ["openstack/latest/meta_data.json", "openstack/latest/user_data", "openstack/latest/network_data.json"]);
         let meta: serde_json::Value = serde_json::from_slice(&cd.files()[0].1).unwrap();
         assert_eq!(meta, json!({"instance_id": "testvm.default", "uuid": "6a1b-uid", "hostname": "testvm"}));
     }
