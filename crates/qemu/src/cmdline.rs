@@ -479,6 +479,32 @@ mod tests {
         }
     }
 
+    /// A cloud-init volume is attached as its disk says: a read-only virtio-blk disk, or the
+    /// medium of a `sata` CD-ROM drive; the image path comes from the agent like any source.
+    #[test]
+    fn a_cloud_init_volume_attaches_read_only_as_its_disk_says() {
+        for (disk, want) in [
+            (json!({"name": "ci", "disk": {"bus": "virtio"}}), r#"{"driver":"virtio-blk-pci","id":"ci","drive":"ci-disk"}"#),
+            (json!({"name": "ci", "disk": {"bus": "sata"}}), r#"{"driver":"ide-hd","id":"ci","bus":"ide.0","drive":"ci-disk"}"#),
+            (json!({"name": "ci", "cdrom": {"bus": "sata"}}), r#"{"driver":"ide-cd","id":"ci","bus":"ide.0","drive":"ci-medium"}"#),
+        ] {
+            let s = spec(json!({"domain": {"devices": {"disks": [disk]}},
+                "volumes": [{"name": "ci", "cloudInitConfigDrive": {"userData": "#cloud-config"}}]}));
+            let l = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, &AllowedDirs::default(), |v| {
+                (v.name == "ci").then(|| PathBuf::from("/r/cloud-init.iso"))
+            })
+            .unwrap();
+            let args = l.args();
+            audit(&args).unwrap();
+            let args = args.join(" ");
+            assert!(args.contains(want), "{want} in {args}");
+            assert!(
+                args.contains(r#""read-only":true,"file":{"driver":"file","filename":"/r/cloud-init.iso","read-only":true}"#),
+                "{args}"
+            );
+        }
+    }
+
     #[test]
     fn bootloader_efi_maps_to_ovmf_flash_and_bios_to_the_default() {
         let run = Path::new("/run/vm1");

@@ -161,7 +161,7 @@ fn sectors(bytes: usize) -> usize {
 
 /// The length of a directory record with an identifier of `n` bytes (padded to even).
 fn record_len(n: usize) -> usize {
-    33 + n + usize::from(n % 2 == 0)
+    33 + n + usize::from(n.is_multiple_of(2))
 }
 
 /// One tree's directories on the image.
@@ -259,7 +259,7 @@ fn record(id: &[u8], location: u32, size: u32, dir: bool, at: Stamp) -> Vec<u8> 
     r.extend(both16(1));
     r.push(u8::try_from(id.len()).unwrap_or(u8::MAX));
     r.extend(id);
-    if id.len() % 2 == 0 {
+    if id.len().is_multiple_of(2) {
         r.push(0);
     }
     r

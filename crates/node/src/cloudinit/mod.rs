@@ -56,7 +56,7 @@ pub enum CloudInitError {
         namespace: String,
         name: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
@@ -219,7 +219,7 @@ async fn data(secrets: &Api<Secret>, ns: &str, s: &CloudInitSource, part: Part, 
     let secret = match secrets.get_opt(&name).await {
         Ok(Some(s)) => s,
         Ok(None) => return Err(CloudInitError::SecretMissing { field, namespace, name, key: keys[0] }),
-        Err(source) => return Err(CloudInitError::SecretRead { field, namespace, name, source }),
+        Err(e) => return Err(CloudInitError::SecretRead { field, namespace, name, source: Box::new(e) }),
     };
     let map = secret.data.unwrap_or_default();
     let Some(bytes) = keys.iter().find_map(|k| map.get(*k)) else {
