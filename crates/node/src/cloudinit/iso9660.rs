@@ -355,7 +355,8 @@ pub fn build(label: &str, files: &[(&str, &[u8])], at: Stamp) -> Result<Vec<u8>,
         }
         let table_len = u32::try_from(tables[0].len()).unwrap_or(u32::MAX);
         let root = record(&[0], tree.location[0], tree.size[0], true, at);
-        let vd = descriptor(tree.naming, label, u32::try_from(next).unwrap_or(u32::MAX), table_len, (19 + 2 * k) as u32, &root, at);
+        let l_table = u32::try_from(19 + 2 * k).unwrap_or(u32::MAX);
+        let vd = descriptor(tree.naming, label, u32::try_from(next).unwrap_or(u32::MAX), table_len, l_table, &root, at);
         img[(16 + k) * SECTOR..(17 + k) * SECTOR].copy_from_slice(&vd);
         for (d, dir) in dirs.iter().enumerate() {
             let mut recs = vec![
@@ -402,7 +403,7 @@ fn descriptor(naming: Naming, label: &str, volume_sectors: u32, table_len: u32, 
         let pad: &[u8] = if joliet { &[0, b' '] } else { b" " };
         let field = &mut vd[at..at + len];
         for (i, b) in field.iter_mut().enumerate() {
-            *b = bytes.get(i).copied().unwrap_or(pad[(i - bytes.len().min(i)) % pad.len()]);
+            *b = bytes.get(i).copied().unwrap_or_else(|| pad[(i - bytes.len()) % pad.len()]);
         }
     };
     text(&mut vd, 8, 32, "LINUX");
