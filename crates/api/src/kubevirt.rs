@@ -22,7 +22,9 @@ mod round_trip;
 mod volume;
 
 pub use instance_status::{HotplugVolumeStatus, PersistentVolumeClaimInfo, VirtualMachineInstanceStatus, VolumeStatus};
-pub use volume::{CloudInitNoCloud, DataVolumeSource, EmptyDisk, PersistentVolumeClaimVolumeSource, Volume};
+pub use volume::{
+    CloudInitKind, CloudInitSource, DataVolumeSource, EmptyDisk, LocalObjectReference, PersistentVolumeClaimVolumeSource, Volume,
+};
 
 /// Fields a struct does not model, kept verbatim through a read-modify-write.
 pub type Extra = BTreeMap<String, Value>;

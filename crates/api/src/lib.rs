@@ -3,6 +3,7 @@
 //! - [`kubevirt`]: kubevirt.io/v1 `VirtualMachine`, `VirtualMachineInstance`.
 //! - [`cdi`]: cdi.kubevirt.io/v1beta1 `DataVolume`.
 //! - [`validation`]: admission checks with field paths.
+//! - [`cloud_init`]: the rules of cloud-init volumes and the decoder of their base64 data.
 //! - [`invariants`]: the disk/volume rules every VM spec must hold.
 //! - [`quantity`]: quantities of bytes, the one parser for every size.
 //! - [`phases`]: the states KubeVirt and CDI write as strings, as enums.
@@ -16,6 +17,7 @@
 pub mod annotations;
 mod cause;
 pub mod cdi;
+pub mod cloud_init;
 pub mod crd;
 pub mod diag;
 pub mod invariants;

@@ -250,6 +250,7 @@ pub fn validate_instance_spec(spec: &VirtualMachineInstanceSpec, prefix: &str) -
         }
     }
     causes.extend(domain(spec, prefix));
+    causes.extend(crate::cloud_init::validate(spec, prefix));
     for (i, volume) in spec.volumes.iter().enumerate() {
         let field = format!("{prefix}.volumes[{i}]");
         causes.extend(dns1123_label(&volume.name, &format!("{field}.name")));
@@ -259,7 +260,7 @@ pub fn validate_instance_spec(spec: &VirtualMachineInstanceSpec, prefix: &str) -
                 if sources.is_empty() { CauseType::Required } else { CauseType::Invalid },
                 field.clone(),
                 format!(
-                    "volume {:?} must have exactly one source (persistentVolumeClaim, dataVolume, cloudInitNoCloud, emptyDisk, ...), found {}",
+                    "volume {:?} must have exactly one source (persistentVolumeClaim, dataVolume, cloudInitNoCloud, cloudInitConfigDrive, emptyDisk, ...), found {}",
                     volume.name,
                     if sources.is_empty() { "none".to_owned() } else { sources.join(", ") }
                 ),

@@ -13,6 +13,7 @@
 //! - [`hotplug`]: the volumes of a running VMI against what QEMU reports, and `volumeStatus`: a
 //!   pure plan ([`hotplug::plan`]) and its executor;
 //! - [`claims`]: a hot-plug volume's claim, checked ready, and its source opened;
+//! - [`cloudinit`]: a VMI's cloud-init seed image (NoCloud or ConfigDrive, ISO 9660 + Joliet);
 //! - [`source`]: a volume's source on this node, opened safely;
 //! - [`bindmount`]: bind-mount mode (targets in QEMU's mount namespace, device cgroup rules);
 //!   [`devprog`]: its cgroup v2 eBPF device program;
@@ -27,6 +28,7 @@ pub mod bindmount;
 pub mod caps;
 pub mod checkpoint;
 pub mod claims;
+pub mod cloudinit;
 pub mod config;
 pub mod consolelog;
 pub mod devprog;

@@ -16,6 +16,9 @@ pub enum VmiReason {
     GuestShutdown,
     /// Stopped with `virtplug up --stop-vms-on-exit` (`Failed`).
     NodeShutdown,
+    /// A `Scheduled` VMI waits for the Secret (or the key) of its cloud-init volume: it starts
+    /// when it appears (KubeVirt's launcher pod waits for its Secret volume likewise).
+    CloudInitSecretMissing,
 }
 
 impl VmiReason {
@@ -28,6 +31,7 @@ impl VmiReason {
             VmiReason::QemuExited => "QEMUExited",
             VmiReason::GuestShutdown => "GuestShutdown",
             VmiReason::NodeShutdown => "NodeShutdown",
+            VmiReason::CloudInitSecretMissing => "CloudInitSecretMissing",
         }
     }
 }
@@ -45,6 +49,8 @@ pub enum EventReason {
     LaunchFailed,
     /// QEMU exited without a guest shutdown (Warning).
     VmiCrashed,
+    /// The Secret of a cloud-init volume (or its key) is missing: the VMI waits (Warning).
+    CloudInitSecretMissing,
 }
 
 impl EventReason {
@@ -57,6 +63,7 @@ impl EventReason {
             EventReason::GuestReboot => "GuestReboot",
             EventReason::LaunchFailed => "LaunchFailed",
             EventReason::VmiCrashed => "VMICrashed",
+            EventReason::CloudInitSecretMissing => "CloudInitSecretMissing",
         }
     }
 
@@ -64,7 +71,9 @@ impl EventReason {
     #[must_use]
     pub fn kind(self) -> EventType {
         match self {
-            EventReason::HotplugFailed | EventReason::LaunchFailed | EventReason::VmiCrashed => EventType::Warning,
+            EventReason::HotplugFailed | EventReason::LaunchFailed | EventReason::VmiCrashed | EventReason::CloudInitSecretMissing => {
+                EventType::Warning
+            }
             EventReason::VolumeUnplugged | EventReason::GuestReboot => EventType::Normal,
         }
     }

@@ -369,14 +369,12 @@ pub fn from_vmi(
             _ if hotplug || volume.is_none() => {}
             _ => {
                 let Some(v) = volume else { continue };
-                if v.cloud_init_no_cloud.is_some() {
-                    continue;
-                }
                 let path = source(v).ok_or_else(|| invalid(format!("{field}.name"), format!("volume {:?} has no local source", d.name)))?;
                 boot_disks.push(BootDisk {
                     id: d.name.clone(),
                     path,
-                    readonly: d.readonly(),
+                    // A cloud-init seed is a read-only image (ISO 9660) the agent built.
+                    readonly: d.readonly() || v.cloud_init().is_some(),
                     sata: d.bus() == Some("sata"),
                     bootindex: d.boot_order,
                     serial: d.serial.clone(),
@@ -478,6 +476,32 @@ mod tests {
             "-nic none",
         ] {
             assert!(args.contains(want), "missing {want:?} in {args}");
+        }
+    }
+
+    /// A cloud-init volume is attached as its disk says: a read-only virtio-blk disk, or the
+    /// medium of a `sata` CD-ROM drive; the image path comes from the agent like any source.
+    #[test]
+    fn a_cloud_init_volume_attaches_read_only_as_its_disk_says() {
+        for (disk, want) in [
+            (json!({"name": "ci", "disk": {"bus": "virtio"}}), r#"{"driver":"virtio-blk-pci","id":"ci","drive":"ci-disk"}"#),
+            (json!({"name": "ci", "disk": {"bus": "sata"}}), r#"{"driver":"ide-hd","id":"ci","bus":"ide.0","drive":"ci-disk"}"#),
+            (json!({"name": "ci", "cdrom": {"bus": "sata"}}), r#"{"driver":"ide-cd","id":"ci","bus":"ide.0","drive":"ci-medium"}"#),
+        ] {
+            let s = spec(json!({"domain": {"devices": {"disks": [disk]}},
+                "volumes": [{"name": "ci", "cloudInitConfigDrive": {"userData": "#cloud-config"}}]}));
+            let l = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, &AllowedDirs::default(), |v| {
+                (v.name == "ci").then(|| PathBuf::from("/r/cloud-init.iso"))
+            })
+            .unwrap();
+            let args = l.args();
+            audit(&args).unwrap();
+            let args = args.join(" ");
+            assert!(args.contains(want), "{want} in {args}");
+            assert!(
+                args.contains(r#""read-only":true,"file":{"driver":"file","filename":"/r/cloud-init.iso","read-only":true}"#),
+                "{args}"
+            );
         }
     }
 

@@ -140,14 +140,20 @@ impl Up {
 
     /// Creates a running VM booting the test guest (with an empty CD-ROM drive `cd0`).
     fn vm(&self, name: &str) {
+        self.vm_with(name, &json!([{"name": "cd0", "cdrom": {"bus": "sata"}}]), &json!([]));
+    }
+
+    /// Creates a running VM booting the test guest with these disks and volumes.
+    fn vm_with(&self, name: &str, disks: &Value, volumes: &Value) {
         let g = common::guest::guest_dir();
         let manifest = self.dir.path().join(format!("{name}.json"));
         let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
             "spec": {"runStrategy": "Always", "template": {"spec": {
                 "terminationGracePeriodSeconds": 1,
-                "domain": {"resources": {"requests": {"memory": "200Mi"}}, "devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}]},
+                "domain": {"resources": {"requests": {"memory": "200Mi"}}, "devices": {"disks": disks},
                            "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable",
-                               "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}}}}}});
+                               "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}},
+                "volumes": volumes}}}});
         std::fs::write(&manifest, vm.to_string()).unwrap();
         self.kubectl(&["apply", "-f", manifest.to_str().unwrap()]);
     }
@@ -403,4 +409,76 @@ async fn stop_vms_on_exit_stops_them_with_up_and_the_next_up_starts_them_again()
     let again = up.ready("s1").await;
     assert_ne!(again, uid, "a new VMI");
     assert_eq!(up.serial_log(&again).iter().filter(|l| l.starts_with("VP-READY")).count(), 1);
+}
+
+/// Cloud-init as KubeVirt's user guide shows it: a `cloudInitNoCloud` volume whose user data is
+/// in a Secret (`kubectl create secret generic my-vmi-secret --from-file=userdata=...`), on a
+/// virtio disk. Created before the Secret, the VMI waits and says why (Ready condition and Event
+/// `CloudInitSecretMissing`); once the Secret exists the guest boots and finds the `cidata` disk
+/// with the Secret's user data (the test guest mounts it and prints the first line). The seed
+/// image lives in the VMI's run dir and goes with the VMI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cloud_user_data_from_a_secret_reaches_the_guest_once_the_secret_exists() {
+    let up = Up::start();
+    up.vm_with(
+        "ci1",
+        &json!([{"name": "cloudinitdisk", "disk": {"bus": "virtio"}}]),
+        &json!([{"name": "cloudinitdisk", "cloudInitNoCloud": {"secretRef": {"name": "my-vmi-secret"}}}]),
+    );
+    let why = common::wait_until(SEE, "the VMI to wait for its cloud-init Secret", || {
+        let (ok, out) = up.run(
+            "kubectl",
+            &[
+                "get",
+                "vmi",
+                "ci1",
+                "-o",
+                "jsonpath={.status.phase} {.status.conditions[?(@.type=='Ready')].reason} {.status.conditions[?(@.type=='Ready')].message}",
+            ],
+        );
+        async move { (ok && out.starts_with("Scheduled CloudInitSecretMissing ")).then_some(out) }
+    })
+    .await;
+    assert!(why.contains("Secret default/my-vmi-secret not found") && why.contains("cloudInitNoCloud.secretRef"), "{why}");
+    let events = up.kubectl(&["get", "events", "--field-selector", "reason=CloudInitSecretMissing", "-o", "jsonpath={.items[*].message}"]);
+    assert!(events.contains("my-vmi-secret"), "{events}");
+
+    let script = up.dir.path().join("startup-script");
+    std::fs::write(&script, "#cloud-config from my-vmi-secret\npassword: fedora\nchpasswd: { expire: False }\n").unwrap();
+    up.kubectl(&["create", "secret", "generic", "my-vmi-secret", &format!("--from-file=userdata={}", script.display())]);
+    let uid = up.ready("ci1").await;
+    let line = up.see(&uid, "the guest to read its cidata disk", |l| l.starts_with("VP-CIDATA")).await;
+    assert_eq!(line, "VP-CIDATA label=cidata dev=vda first-line=#cloud-config from my-vmi-secret");
+    let run_dir = up.dir.path().join("node/vmis").join(&uid);
+    assert!(run_dir.join("cloud-init.iso").is_file(), "the seed is in the run dir");
+    up.kubectl(&["delete", "vm", "ci1", "--wait=true", "--timeout=90s"]);
+    up.kubectl(&["wait", "--for=delete", "vmi/ci1", "--timeout=90s"]);
+    assert!(!run_dir.exists(), "the seed went with the VMI's run dir");
+}
+
+/// `cloudInitConfigDrive` with inline base64 user data and network data, on a `sata` CD-ROM: the
+/// guest finds the `config-2` medium and reads `openstack/latest/user_data`. Admission refuses
+/// what the agent could not honour (both userData and userDataBase64) with a field error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_drive_user_data_reaches_the_guest_and_bad_sources_are_refused() {
+    use base64::Engine;
+    let up = Up::start();
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let disks = json!([{"name": "configdrive", "cdrom": {"bus": "sata"}}]);
+    let (ok, err) = {
+        let bad = up.dir.path().join("bad.json");
+        let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "bad"},
+            "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {"disks": disks}},
+                "volumes": [{"name": "configdrive", "cloudInitConfigDrive": {"userData": "a", "userDataBase64": b64("b")}}]}}}});
+        std::fs::write(&bad, vm.to_string()).unwrap();
+        up.run("kubectl", &["apply", "-f", bad.to_str().unwrap()])
+    };
+    assert!(!ok && err.contains("spec.template.spec.volumes[0].cloudInitConfigDrive") && err.contains("only one userdatasource"), "{err}");
+
+    let volumes = json!([{"name": "configdrive", "cloudInitConfigDrive": {
+        "userDataBase64": b64("#!/bin/sh\necho config drive\n"), "networkData": "{\"links\": []}"}}]);
+    up.vm_with("ci2", &disks, &volumes);
+    let uid = up.ready("ci2").await;
+    let line = up.see(&uid, "the guest to read its config-2 medium", |l| l.starts_with("VP-CIDATA")).await;
+    assert!(line.starts_with("VP-CIDATA label=config-2 dev=sr") && line.ends_with(" first-line=#!/bin/sh"), "{line}");
 }

@@ -318,9 +318,20 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
     // Its DataVolume goes with it (owner reference).
     vms.delete("heal", &DeleteParams::default()).await.unwrap();
 
-    // Create -> running.
+    // Create -> running, with cloud-init user data from a Secret (the agent reads it).
+    let secret = json!({"metadata": {"name": "r-userdata"}, "stringData": {"userdata": "#cloud-config\n"}});
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "default");
+    secrets.create(&PostParams::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
     let mut vm = common::vm("r");
     vm["spec"]["runStrategy"] = json!("Always");
+    vm["spec"]["template"]["spec"]["domain"]["devices"]["disks"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "ci", "disk": {"bus": "virtio"}}));
+    vm["spec"]["template"]["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "ci", "cloudInitNoCloud": {"secretRef": {"name": "r-userdata"}}}));
     // No OS answers the ACPI shutdown: the stop kills QEMU after the grace period.
     vm["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(1);
     vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();

@@ -16,7 +16,9 @@ pub struct Volume {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_volume: Option<DataVolumeSource>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloud_init_no_cloud: Option<CloudInitNoCloud>,
+    pub cloud_init_no_cloud: Option<CloudInitSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init_config_drive: Option<CloudInitSource>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub empty_disk: Option<EmptyDisk>,
     #[serde(flatten)]
@@ -38,6 +40,9 @@ impl Volume {
         if self.cloud_init_no_cloud.is_some() {
             keys.push("cloudInitNoCloud".to_owned());
         }
+        if self.cloud_init_config_drive.is_some() {
+            keys.push("cloudInitConfigDrive".to_owned());
+        }
         if self.empty_disk.is_some() {
             keys.push("emptyDisk".to_owned());
         }
@@ -53,6 +58,17 @@ impl Volume {
         match (&self.persistent_volume_claim, &self.data_volume) {
             (Some(p), _) => Some(&p.claim_name),
             (None, Some(d)) => Some(&d.name),
+            (None, None) => None,
+        }
+    }
+
+    /// The cloud-init source of this volume and its JSON key (`cloudInitNoCloud` or
+    /// `cloudInitConfigDrive`; the first when, against admission, both are set).
+    #[must_use]
+    pub fn cloud_init(&self) -> Option<(CloudInitKind, &CloudInitSource)> {
+        match (&self.cloud_init_no_cloud, &self.cloud_init_config_drive) {
+            (Some(s), _) => Some((CloudInitKind::NoCloud, s)),
+            (None, Some(s)) => Some((CloudInitKind::ConfigDrive, s)),
             (None, None) => None,
         }
     }
@@ -92,14 +108,59 @@ pub struct DataVolumeSource {
     pub extra: Extra,
 }
 
-/// `volume.cloudInitNoCloud`.
+/// KubeVirt's two cloud-init data sources: the seed image the node agent builds differs (label,
+/// file names, meta-data), their fields do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloudInitKind {
+    /// `cloudInitNoCloud`: volume label `cidata`, files `meta-data`, `user-data`,
+    /// `network-config`.
+    NoCloud,
+    /// `cloudInitConfigDrive`: volume label `config-2`, files under `openstack/latest/`.
+    ConfigDrive,
+}
+
+impl CloudInitKind {
+    /// The volume source's JSON key.
+    #[must_use]
+    pub fn key(self) -> &'static str {
+        match self {
+            CloudInitKind::NoCloud => "cloudInitNoCloud",
+            CloudInitKind::ConfigDrive => "cloudInitConfigDrive",
+        }
+    }
+}
+
+/// `volume.cloudInitNoCloud` and `volume.cloudInitConfigDrive` (KubeVirt's
+/// `CloudInitNoCloudSource` and `CloudInitConfigDriveSource`, which have the same fields): user
+/// data and network data, each inline, base64 or from a Secret of the VMI's namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct CloudInitNoCloud {
+pub struct CloudInitSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data_base64: Option<String>,
+    /// A Secret with key `userdata` (or `userData`). KubeVirt's JSON name is `secretRef`.
+    #[serde(default, rename = "secretRef", skip_serializing_if = "Option::is_none")]
+    pub user_data_secret_ref: Option<LocalObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data_base64: Option<String>,
+    /// A Secret with key `networkdata` (or `networkData`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data_secret_ref: Option<LocalObjectReference>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// core/v1 `LocalObjectReference`: an object of the same namespace, by name.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalObjectReference {
+    #[serde(default)]
+    pub name: String,
     #[serde(flatten)]
     #[schemars(skip)]
     pub extra: Extra,

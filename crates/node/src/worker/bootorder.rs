@@ -29,7 +29,7 @@ pub(super) fn wanted(vmi: &VirtualMachineInstance) -> Order {
             let volume = spec.volumes.iter().find(|v| v.name == d.name);
             match d.kind() {
                 DiskKind::Cdrom => d.bus().unwrap_or("sata") == "sata",
-                _ => volume.is_some_and(|v| !v.is_hotpluggable() && v.cloud_init_no_cloud.is_none()),
+                _ => volume.is_some_and(|v| !v.is_hotpluggable()),
             }
         })
         .map(|d| (d.name.clone(), d.boot_order.and_then(|o| i32::try_from(o).ok()).unwrap_or(-1)))

@@ -137,9 +137,20 @@ fn empty_disk(path: &Path, mib: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// The host paths of the volumes present from boot (not hot-pluggable).
-async fn boot_sources(shared: &Shared, vmi: &VirtualMachineInstance, run_dir: &Path) -> Result<HashMap<String, PathBuf>, String> {
+/// The host paths of the volumes present from boot (not hot-pluggable): claims, empty disks,
+/// and the cloud-init seed image, written here from `seed`.
+async fn boot_sources(
+    shared: &Shared,
+    vmi: &VirtualMachineInstance,
+    run_dir: &Path,
+    seed: Option<crate::cloudinit::Seed>,
+) -> Result<HashMap<String, PathBuf>, String> {
     let mut out = HashMap::new();
+    if let Some(seed) = seed {
+        let (volume, dir) = (seed.volume.clone(), run_dir.to_owned());
+        let path = blocking(move || crate::cloudinit::write(&seed, &dir).map_err(|e| client::error_chain(&e))).await?;
+        out.insert(volume, path);
+    }
     let ns = vmi.namespace().unwrap_or_default();
     for v in vmi.spec.volumes.iter().filter(|v| !v.is_hotpluggable()) {
         if let Some(e) = &v.empty_disk {
@@ -210,10 +221,16 @@ pub(super) async fn starter_ready(shared: &Shared, run_dir: &Path) -> bool {
     tokio::task::spawn_blocking(move || socket.exists()).await.unwrap_or(false)
 }
 
-/// Starts QEMU for the VMI and connects to it.
-pub(super) async fn launch(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, run_dir: &Path) -> Result<Live, String> {
+/// Starts QEMU for the VMI (with its cloud-init `seed`, resolved by the caller) and connects to
+/// it.
+pub(super) async fn launch(
+    shared: &Arc<Shared>,
+    vmi: &Arc<VirtualMachineInstance>,
+    run_dir: &Path,
+    seed: Option<crate::cloudinit::Seed>,
+) -> Result<Live, String> {
     let record = prepare(shared, vmi, run_dir).await?;
-    let sources = boot_sources(shared, vmi, run_dir).await?;
+    let sources = boot_sources(shared, vmi, run_dir, seed).await?;
     let name = format!("{}_{}", record.namespace, record.name);
     let mut spec =
         qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, &shared.config.boot_files, |v| sources.get(&v.name).cloned())

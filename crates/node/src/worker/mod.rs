@@ -66,6 +66,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         paused_for_media: false,
         once_armed: None,
         launcher_wait: None,
+        cloud_init_wait: None,
     };
     loop {
         let current = rx.borrow_and_update().clone();
@@ -89,7 +90,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         }
         let mut retry = w.pass(&vmi).await;
         if w.live.is_none() {
-            retry = retry.or(w.launcher_wait);
+            retry = retry.or(w.launcher_wait).or(w.cloud_init_wait);
         }
         if !w.wait(retry, &mut rx, &mut storage).await {
             return; // the agent stops: the VM keeps running for the next agent
@@ -143,10 +144,15 @@ struct Worker {
     /// next look is after this (doubling up to [`LAUNCHER_WAIT_MAX`]; a new version of the VMI
     /// wakes the worker earlier).
     launcher_wait: Option<Duration>,
+    /// The VMI's cloud-init Secret is missing: the next look is after this
+    /// ([`Worker::wait_for_cloud_init`]).
+    cloud_init_wait: Option<Duration>,
 }
 
 /// The longest wait between two looks for a launcher's socket.
 const LAUNCHER_WAIT_MAX: Duration = Duration::from_secs(2);
+/// The longest wait between two looks for a cloud-init volume's Secret.
+const CLOUD_INIT_WAIT_MAX: Duration = Duration::from_secs(5);
 
 /// `spec.terminationGracePeriodSeconds` of `vmi`.
 fn grace_of(vmi: &VirtualMachineInstance) -> Option<u64> {
@@ -208,17 +214,30 @@ impl Worker {
                     }
                     self.launcher_wait = Some(next);
                 }
-                Some(VmiPhase::Scheduled) => match live::launch(&self.shared, vmi, &self.run_dir).await {
-                    Ok(l) => {
-                        self.live = Some(l);
-                        self.boot_order = Some(bootorder::wanted(vmi));
-                        self.paused_for_media = live::media_at_boot(vmi);
+                Some(VmiPhase::Scheduled) => {
+                    let launched = match crate::cloudinit::resolve(&self.shared.client, vmi).await {
+                        Ok(seed) => {
+                            self.cloud_init_wait = None;
+                            live::launch(&self.shared, vmi, &self.run_dir, seed).await
+                        }
+                        Err(e) if e.waits() => {
+                            self.wait_for_cloud_init(vmi, &e.to_string()).await;
+                            return;
+                        }
+                        Err(e) => Err(client::error_chain(&e)),
+                    };
+                    match launched {
+                        Ok(l) => {
+                            self.live = Some(l);
+                            self.boot_order = Some(bootorder::wanted(vmi));
+                            self.paused_for_media = live::media_at_boot(vmi);
+                        }
+                        Err(e) => {
+                            set_phase(&self.shared, vmi, VmiPhase::Failed, Some(VmiReason::LaunchFailed), &e).await;
+                            crate::reasons::publish(&self.shared.client, vmi.as_ref(), EventReason::LaunchFailed, &e).await;
+                        }
                     }
-                    Err(e) => {
-                        set_phase(&self.shared, vmi, VmiPhase::Failed, Some(VmiReason::LaunchFailed), &e).await;
-                        crate::reasons::publish(&self.shared.client, vmi.as_ref(), EventReason::LaunchFailed, &e).await;
-                    }
-                },
+                }
                 Some(VmiPhase::Running) => {
                     let msg = "QEMU exited while the node agent was not running";
                     set_phase(&self.shared, vmi, VmiPhase::Failed, Some(VmiReason::QemuGone), msg).await;
@@ -233,6 +252,21 @@ impl Worker {
                 set_phase(&self.shared, vmi, VmiPhase::Running, None, "QEMU is running").await;
             }
         }
+    }
+
+    /// The VMI's cloud-init Secret (or its key) is missing: the VMI stays `Scheduled` with
+    /// `message` in its `Ready` condition (reason `CloudInitSecretMissing`) and a Warning Event,
+    /// both once per wait; the next look is after a doubling delay up to
+    /// [`CLOUD_INIT_WAIT_MAX`] (a new version of the VMI wakes the worker earlier). Nothing
+    /// watches Secrets: the wait is the fallback backoff of the design.
+    async fn wait_for_cloud_init(&mut self, vmi: &Arc<VirtualMachineInstance>, message: &str) {
+        if self.cloud_init_wait.is_none() {
+            tracing::info!("waiting for cloud-init data: {message}");
+            let reason = Some(VmiReason::CloudInitSecretMissing);
+            set_phase(&self.shared, vmi, VmiPhase::Scheduled, reason, message).await;
+            crate::reasons::publish(&self.shared.client, vmi.as_ref(), EventReason::CloudInitSecretMissing, message).await;
+        }
+        self.cloud_init_wait = Some(self.cloud_init_wait.map_or(Duration::from_millis(250), |d| (d * 2).min(CLOUD_INIT_WAIT_MAX)));
     }
 
     /// The hot-plug pass, when one is needed. A new version of the VMI whose spec did not change
