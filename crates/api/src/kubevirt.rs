@@ -21,7 +21,7 @@ mod instance_status;
 mod round_trip;
 mod volume;
 
-pub use instance_status::{HotplugVolumeStatus, PersistentVolumeClaimInfo, VirtualMachineInstanceStatus, VolumeStatus};
+pub use instance_status::{HotplugVolumeStatus, InterfaceStatus, PersistentVolumeClaimInfo, VirtualMachineInstanceStatus, VolumeStatus};
 pub use volume::{CloudInitNoCloud, DataVolumeSource, EmptyDisk, PersistentVolumeClaimVolumeSource, Volume};
 
 /// Fields a struct does not model, kept verbatim through a read-modify-write.
