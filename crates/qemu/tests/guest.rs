@@ -65,7 +65,7 @@ fn launch_spec(dir: &Path) -> LaunchSpec {
         }),
         boot_disks: vec![],
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
-        user_net: false,
+        nics: Vec::new(),
         own_mount_namespace: false,
         sandbox: true,
         run_as: None,
