@@ -220,7 +220,11 @@ pub fn decode(spec: &VirtualMachineInstanceSpec, prefix: &str) -> Result<(Vec<In
         let Some(v) = v else { return Ok(Vec::new()) };
         serde_path_to_error::deserialize(v).map_err(|e| {
             let path = e.path().to_string();
-            let at = if path == "." { field.to_owned() } else { format!("{field}{}", if path.starts_with('[') { path } else { format!(".{path}") }) };
+            let at = if path == "." {
+                field.to_owned()
+            } else {
+                format!("{field}{}", if path.starts_with('[') { path } else { format!(".{path}") })
+            };
             Cause::new(CauseType::Invalid, at, e.inner().to_string())
         })
     }
@@ -352,7 +356,11 @@ pub fn validate(spec: &VirtualMachineInstanceSpec, prefix: &str) -> Vec<Cause> {
         let field = format!("{ifaces_field}[{i}]");
         causes.extend(interface(x, &field, &nets));
         if !seen.insert(x.name.as_str()) {
-            causes.push(Cause::new(CauseType::Duplicate, format!("{field}.name"), "Only one interface can be connected to one specific network"));
+            causes.push(Cause::new(
+                CauseType::Duplicate,
+                format!("{field}.name"),
+                "Only one interface can be connected to one specific network",
+            ));
         }
     }
     causes

@@ -24,7 +24,10 @@ fn masquerade_or_no_binding_on_a_pod_network_is_admitted_and_resolved() {
     assert_eq!((p[0].device, p[0].mac.to_string()), ("e1000e", "52:54:00:aa:bb:cc".to_owned()));
     assert_eq!(
         p[0].ports,
-        [GuestPort { name: Some("ssh".into()), protocol: Protocol::Tcp, port: 22 }, GuestPort { name: None, protocol: Protocol::Udp, port: 53 }]
+        [
+            GuestPort { name: Some("ssh".into()), protocol: Protocol::Tcp, port: 22 },
+            GuestPort { name: None, protocol: Protocol::Udp, port: 53 }
+        ]
     );
     // No binding: KubeVirt's default binding on the pod network, virtio by default.
     let s = spec(&json!([{"name": "n"}]), &json!([{"name": "n", "pod": {}}]));
@@ -57,7 +60,9 @@ fn the_derived_mac_is_stable_locally_administered_unicast_and_per_vm_and_interfa
 fn mac_addresses_parse_as_go_does_for_six_bytes() {
     assert_eq!(Mac::parse("02:00:00:0a:0B:ff"), Some(Mac([2, 0, 0, 0x0a, 0x0b, 0xff])));
     assert_eq!(Mac::parse("02-00-00-0a-0b-ff"), Some(Mac([2, 0, 0, 0x0a, 0x0b, 0xff])));
-    for bad in ["", "02:00:00:00:00", "02:00:00:00:00:00:00", "02:00:00:00:00:0g", "020:00:00:00:00:0", "02:00-00:00:00:00", "0x:00:00:00:00:00,a"] {
+    for bad in
+        ["", "02:00:00:00:00", "02:00:00:00:00:00:00", "02:00:00:00:00:0g", "020:00:00:00:00:0", "02:00-00:00:00:00", "0x:00:00:00:00:00,a"]
+    {
         assert_eq!(Mac::parse(bad), None, "{bad}");
     }
 }
@@ -142,7 +147,7 @@ fn the_port_forwards_annotation_reads_back() {
         host_ip: "127.0.0.1".into(),
         host_port: 40022,
     };
-    let text = serde_json::to_string(&[f.clone()]).unwrap();
+    let text = serde_json::to_string(std::slice::from_ref(&f)).unwrap();
     assert_eq!(text, r#"[{"interface":"default","name":"ssh","protocol":"TCP","port":22,"hostIP":"127.0.0.1","hostPort":40022}]"#);
     let a = BTreeMap::from([(crate::annotations::PORT_FORWARDS.to_owned(), text)]);
     assert_eq!(port_forwards(&a), [f]);

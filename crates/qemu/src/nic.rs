@@ -69,7 +69,12 @@ impl Nic {
 /// # Errors
 /// What admission refuses, for a spec that did not pass it: the first cause's field and all
 /// the messages.
-pub fn from_vmi(spec: &api::kubevirt::VirtualMachineInstanceSpec, namespace: &str, name: &str, restrict: bool) -> Result<Vec<Nic>, CmdlineError> {
+pub fn from_vmi(
+    spec: &api::kubevirt::VirtualMachineInstanceSpec,
+    namespace: &str,
+    name: &str,
+    restrict: bool,
+) -> Result<Vec<Nic>, CmdlineError> {
     let ifaces = api::network::pod_interfaces(spec, namespace, name).map_err(|causes| CmdlineError::Invalid {
         field: causes.first().map(|c| c.field.clone()).unwrap_or_default(),
         message: causes.iter().map(|c| c.message.as_str()).collect::<Vec<_>>().join("; "),
@@ -134,7 +139,12 @@ mod tests {
 
     #[test]
     fn a_nic_is_a_user_netdev_with_loopback_forwards_and_a_device_without_rom() {
-        let n = Nic { device: "virtio-net-pci", mac: Mac([2, 1, 2, 3, 4, 0xab]), forwards: vec![(Protocol::Tcp, 22), (Protocol::Udp, 53)], restrict: true };
+        let n = Nic {
+            device: "virtio-net-pci",
+            mac: Mac([2, 1, 2, 3, 4, 0xab]),
+            forwards: vec![(Protocol::Tcp, 22), (Protocol::Udp, 53)],
+            restrict: true,
+        };
         let a = n.args(0);
         assert_eq!(a[..3], ["-netdev", "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:0-:22,hostfwd=udp:127.0.0.1:0-:53", "-device"]);
         let dev: Value = serde_json::from_str(&a[3]).unwrap();
@@ -165,8 +175,18 @@ mod tests {
         let s = spec(json!({"domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {}, "model": "rtl8139",
             "ports": [{"port": 8022}]}]}}, "networks": [{"name": "default", "pod": {}}]}));
         let n = from_vmi(&s, "ns", "vm", true).unwrap();
-        assert_eq!(n, [Nic { device: "rtl8139", mac: api::network::derived_mac("ns", "vm", "default"), forwards: vec![(Protocol::Tcp, 8022)], restrict: true }]);
-        let s = spec(json!({"domain": {"devices": {"interfaces": [{"name": "default", "bridge": {}}]}}, "networks": [{"name": "default", "pod": {}}]}));
+        assert_eq!(
+            n,
+            [Nic {
+                device: "rtl8139",
+                mac: api::network::derived_mac("ns", "vm", "default"),
+                forwards: vec![(Protocol::Tcp, 8022)],
+                restrict: true
+            }]
+        );
+        let s = spec(
+            json!({"domain": {"devices": {"interfaces": [{"name": "default", "bridge": {}}]}}, "networks": [{"name": "default", "pod": {}}]}),
+        );
         let e = from_vmi(&s, "ns", "vm", true).unwrap_err().to_string();
         assert!(e.starts_with("spec.domain.devices.interfaces[0].bridge: "), "{e}");
     }
@@ -182,10 +202,7 @@ mod tests {
                     TCP[HOST_FORWARD]  10       127.0.0.1 40000       10.0.2.15    22     0     0\r\n";
         let f = parse_usernet(text);
         let fw = |n: &str, protocol, host_port, guest_port| HostForward { netdev: n.into(), protocol, host_port, guest_port };
-        assert_eq!(
-            f,
-            [fw("net0", Protocol::Tcp, 45911, 8022), fw("net0", Protocol::Udp, 37386, 53), fw("net1", Protocol::Tcp, 40000, 22)]
-        );
+        assert_eq!(f, [fw("net0", Protocol::Tcp, 45911, 8022), fw("net0", Protocol::Udp, 37386, 53), fw("net1", Protocol::Tcp, 40000, 22)]);
         assert_eq!(parse_usernet(""), []);
         assert_eq!(parse_usernet("TCP[HOST_FORWARD] 9 127.0.0.1 1 10.0.2.15 2 0 0"), [], "a row outside a netdev is not guessed at");
     }

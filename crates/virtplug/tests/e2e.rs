@@ -470,7 +470,11 @@ async fn a_guest_port_is_reached_through_its_forwarded_loopback_port() {
     let vmi = up.json(&["get", "vmi", "net1"]);
     let forwards: Value = serde_json::from_str(vmi["metadata"]["annotations"]["virtplug.io/port-forwards"].as_str().unwrap()).unwrap();
     let f = &forwards[0];
-    assert_eq!((&f["interface"], &f["name"], &f["protocol"], &f["port"], &f["hostIP"]), (&json!("default"), &json!("hello"), &json!("TCP"), &json!(8022), &json!("127.0.0.1")), "{forwards}");
+    assert_eq!(
+        (&f["interface"], &f["name"], &f["protocol"], &f["port"], &f["hostIP"]),
+        (&json!("default"), &json!("hello"), &json!("TCP"), &json!(8022), &json!("127.0.0.1")),
+        "{forwards}"
+    );
     let addr = format!("127.0.0.1:{}", f["hostPort"]);
     assert_eq!(up.virtplug(&["vm", "port", "net1", "8022"]).trim(), addr);
     let (ok, out) = up.run(env!("CARGO_BIN_EXE_virtplug"), &["vm", "port", "net1", "22"]);
@@ -478,7 +482,11 @@ async fn a_guest_port_is_reached_through_its_forwarded_loopback_port() {
     let iface = &vmi["status"]["interfaces"][0];
     assert_eq!((&iface["name"], &iface["mac"], &iface["ipAddress"]), (&json!("default"), &json!(derived), &json!("10.0.2.15")), "{vmi}");
     let get = up.virtplug(&["vm", "get", "net1"]);
-    assert!(get.contains(&format!("Interface default: mac {derived}, ip 10.0.2.15")) && get.contains(&format!("Port 8022/TCP (hello) of default: {addr}")), "{get}");
+    assert!(
+        get.contains(&format!("Interface default: mac {derived}, ip 10.0.2.15"))
+            && get.contains(&format!("Port 8022/TCP (hello) of default: {addr}")),
+        "{get}"
+    );
 
     // The guest answers through the forward (its listener starts as it prints its MAC).
     let line = common::wait_until(SEE, &format!("the guest's answer on {addr}"), || {
@@ -487,5 +495,8 @@ async fn a_guest_port_is_reached_through_its_forwarded_loopback_port() {
     })
     .await;
     assert_eq!(line, format!("VP-NET hello mac={derived}"));
-    assert!(up.json(&["get", "vmi", "net2"])["metadata"]["annotations"].get("virtplug.io/port-forwards").is_none(), "no ports, no forwards");
+    assert!(
+        up.json(&["get", "vmi", "net2"])["metadata"]["annotations"].get("virtplug.io/port-forwards").is_none(),
+        "no ports, no forwards"
+    );
 }

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Value};
 use api::network::{derived_mac, Mac};
+use serde_json::{json, Value};
 
 use api::phases::PrintableStatus;
 use api::{VirtualMachine, VirtualMachineInstance};
@@ -227,7 +227,9 @@ mod tests {
         assert_eq!(interfaces(&v).keys().collect::<Vec<_>>(), ["default"]);
         assert_eq!(interfaces(&v)["default"], derived_mac("metal", "bm-0", "default").to_string());
         // The address the guest's NIC gets (the node agent builds it from the same resolution).
-        let v = vm(json!({"domain": {"devices": {"interfaces": [{"name": "pxe", "masquerade": {}}]}}, "networks": [{"name": "pxe", "pod": {}}]}));
+        let v = vm(
+            json!({"domain": {"devices": {"interfaces": [{"name": "pxe", "masquerade": {}}]}}, "networks": [{"name": "pxe", "pod": {}}]}),
+        );
         let guest = api::network::pod_interfaces(v.spec.template.spec.as_ref().unwrap(), "metal", "bm-0").unwrap();
         assert_eq!(interfaces(&v)["pxe"], guest[0].mac.to_string());
         let v = vm(json!({"domain": {"devices": {"autoattachPodInterface": false}}}));

@@ -62,7 +62,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn vmi(annotations: serde_json::Value, status: serde_json::Value) -> VirtualMachineInstance {
+    fn vmi(annotations: &serde_json::Value, status: &serde_json::Value) -> VirtualMachineInstance {
         serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {"name": "v", "annotations": annotations}, "spec": {"domain": {}}, "status": status}))
         .unwrap()
@@ -72,8 +72,8 @@ mod tests {
     fn get_prints_interfaces_and_forwards_and_port_finds_one() {
         let fw = r#"[{"interface":"default","name":"ssh","protocol":"TCP","port":22,"hostIP":"127.0.0.1","hostPort":40022}]"#;
         let v = vmi(
-            json!({api::annotations::PORT_FORWARDS: fw}),
-            json!({"interfaces": [{"name": "default", "mac": "02:00:00:00:00:01", "ipAddress": "10.0.2.15"}]}),
+            &json!({api::annotations::PORT_FORWARDS: fw}),
+            &json!({"interfaces": [{"name": "default", "mac": "02:00:00:00:00:01", "ipAddress": "10.0.2.15"}]}),
         );
         assert_eq!(
             lines(Some(&v)),
@@ -82,7 +82,7 @@ mod tests {
         assert_eq!(report(&find(&v, "v", 22, Protocol::Tcp).unwrap()).0, "127.0.0.1:40022");
         let e = find(&v, "v", 22, Protocol::Udp).unwrap_err().to_string();
         assert!(e.contains("port 22/UDP of VM v is not forwarded (forwarded: 22/TCP)"), "{e}");
-        assert_eq!(lines(Some(&vmi(json!({}), json!({})))), "Network: none");
+        assert_eq!(lines(Some(&vmi(&json!({}), &json!({})))), "Network: none");
         assert_eq!(lines(None), "Network: not running");
     }
 }
