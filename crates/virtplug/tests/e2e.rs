@@ -430,7 +430,7 @@ fn answer(addr: &str) -> Option<String> {
 /// virtplug cannot give are refused at admission, naming what is supported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_port_is_reached_through_its_forwarded_loopback_port() {
-    let up = Up::start();
+    let mut up = Up::start();
     let net = |iface: Value| {
         move |vm: &mut Value| {
             let spec = &mut vm["spec"]["template"]["spec"];
