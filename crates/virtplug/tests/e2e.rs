@@ -499,4 +499,18 @@ async fn a_guest_port_is_reached_through_its_forwarded_loopback_port() {
         up.json(&["get", "vmi", "net2"])["metadata"]["annotations"].get("virtplug.io/port-forwards").is_none(),
         "no ports, no forwards"
     );
+
+    // The next agent reads the forwards from the QEMU it adopts, not from the VMI.
+    up.kubectl(&["annotate", "vmi", "net1", "virtplug.io/port-forwards-"]);
+    up.kill9();
+    up.spawn();
+    let again = common::wait_until(SEE, "the adopting agent to report the forwards again", || {
+        let (_, out) = up.run("kubectl", &["get", "vmi", "net1", "-o", r"jsonpath={.metadata.annotations.virtplug\.io/port-forwards}"]);
+        let r = (!out.trim().is_empty()).then_some(out);
+        async move { r }
+    })
+    .await;
+    assert_eq!(serde_json::from_str::<Value>(&again).unwrap(), forwards, "the same QEMU, the same ports");
+    assert_eq!(up.uid("net1"), uid1, "the same VMI");
+    assert_eq!(answer(&addr).as_deref(), Some(format!("VP-NET hello mac={derived}").as_str()));
 }
