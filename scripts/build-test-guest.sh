@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test guest from Debian packages and caches it: the generic kernel (vmlinuz; the cloud
 # flavour has no AHCI for sata CD-ROMs), an initramfs with static busybox, the virtio/SCSI/CD-ROM
-# modules and isofs (cloud-init seed images), tests/guest/init and the static vp-observer (tests/guest/observer, built here with
+# modules, isofs (cloud-init seed images), virtio_net, tests/guest/init and the static vp-observer (tests/guest/observer, built here with
 # cargo into its own target dir so the workspace's build cache is untouched), and a bootable ISO
 # of the same guest (isolinux). Output: $VIRTPLUG_GUEST_DIR (default .cache/guest).
 # Two more images boot the same guest through firmware, each under SeaBIOS and OVMF alike
@@ -42,7 +42,7 @@ cp /bin/busybox "$root/bin/busybox"
 install -m 0755 tests/guest/init "$root/init"
 install -m 0755 "$observer" "$root/bin/vp-observer"
 : > "$root/modules.order"
-for m in virtio_pci virtio_scsi sd_mod sr_mod virtio_blk ahci isofs; do
+for m in virtio_pci virtio_scsi sd_mod sr_mod virtio_blk ahci isofs virtio_net; do
   modprobe -d "$work/k" -S "$kver" --show-depends "$m" | awk '/^insmod/ {print $2}'
 done | awk '!seen[$0]++' | while read -r ko; do
   name=$(basename "$ko" .ko)

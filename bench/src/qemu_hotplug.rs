@@ -132,7 +132,7 @@ async fn boot_once(args: &Args, label: &str, dir: &Path, memory_mib: u64) -> any
         }),
         boot_disks: vec![],
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
-        user_net: false,
+        nics: Vec::new(),
         own_mount_namespace: false,
         sandbox: args.sandbox,
         run_as: None,

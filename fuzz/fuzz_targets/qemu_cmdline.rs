@@ -14,7 +14,12 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     // emptyDisk image names do.
     let source = |v: &api::kubevirt::Volume| Some(PathBuf::from(format!("/run/vp,{}/empty-{}.img", v.name, v.name)));
     let name = spec.domain.devices.disks.first().map(|d| format!("ns_{},x=y", d.name)).unwrap_or_default();
-    if let Ok(launch) = qemu::cmdline::from_vmi(&spec, &name, Path::new("/run/vp,x=y"), Resolved::Tcg, &AllowedDirs::default(), source) {
+    if let Ok(mut launch) = qemu::cmdline::from_vmi(&spec, &name, Path::new("/run/vp,x=y"), Resolved::Tcg, &AllowedDirs::default(), source) {
+        // The NICs, as the node agent adds them: interfaces, MACs and ports from the spec.
+        match qemu::nic::from_vmi(&spec, "ns,x=y", &name, true) {
+            Ok(nics) => launch.nics = nics,
+            Err(_) => return,
+        }
         let args = launch.args();
         if let Err(e) = qemu::cmdline::audit(&args) {
             panic!("{e}");

@@ -18,3 +18,9 @@ pub const NODE_HEARTBEAT: &str = "virtplug.io/heartbeat";
 /// Kubernetes' taint for a node an administrator has fenced (non-graceful node shutdown): its
 /// workloads are known to be gone, so its VMIs may be failed and started elsewhere.
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
+/// On a VMI: where the node agent forwards the guest's `ports` from (QEMU user-mode networking's
+/// host forwards), as JSON: `[{"interface","name","protocol","port","hostIP","hostPort"}]`
+/// ([`crate::network::PortForward`]). KubeVirt has no such field (its ports are reached through
+/// the pod's IP); written by the agent that runs the VMI after every start or adoption.
+pub const PORT_FORWARDS: &str = "virtplug.io/port-forwards";

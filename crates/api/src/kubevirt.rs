@@ -21,7 +21,7 @@ mod instance_status;
 mod round_trip;
 mod volume;
 
-pub use instance_status::{HotplugVolumeStatus, PersistentVolumeClaimInfo, VirtualMachineInstanceStatus, VolumeStatus};
+pub use instance_status::{HotplugVolumeStatus, InterfaceStatus, PersistentVolumeClaimInfo, VirtualMachineInstanceStatus, VolumeStatus};
 pub use volume::{
     CloudInitKind, CloudInitSource, DataVolumeSource, EmptyDisk, LocalObjectReference, PersistentVolumeClaimVolumeSource, Volume,
 };

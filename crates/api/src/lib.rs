@@ -10,6 +10,7 @@
 //! - [`volume_edit`]: the addvolume/removevolume edits of a spec.
 //! - [`crd`]: CRD manifests generated from the types (cluster mode).
 //! - [`annotations`]: the annotations components use to talk through the API.
+//! - [`network`]: guest interfaces and networks, their admission rules, MAC addresses.
 //!
 //! core/v1 `PersistentVolumeClaim`, `Event`, `Namespace` and `Node` come from k8s-openapi, re-exported
 //! under [`core`].
@@ -23,6 +24,7 @@ pub mod diag;
 pub mod invariants;
 pub mod kubevirt;
 pub mod lifecycle_requests;
+pub mod network;
 pub mod phases;
 pub mod quantity;
 pub mod validation;

@@ -47,6 +47,9 @@ pub struct Config {
     pub qemu_sandbox: bool,
     /// Drop QEMU to this user after start-up (fd mode only; default: it stays root).
     pub qemu_user: Option<String>,
+    /// Let guests open connections out through their user-mode network (default off:
+    /// `restrict=on`, the guest reaches only its forwarded ports; see [`qemu::nic`]).
+    pub guest_egress: bool,
     /// The largest a guest's serial log may grow before it is rotated
     /// ([`crate::consolelog`]; default 8 MiB).
     pub serial_log_max: u64,
@@ -76,6 +79,7 @@ impl Config {
             boot_files: qemu::bootfiles::AllowedDirs::defaults(data_dir),
             qemu_sandbox: true,
             qemu_user: None,
+            guest_egress: false,
             serial_log_max: crate::consolelog::DEFAULT_MAX,
             caps: crate::caps::Caps::default(),
             mount_helper: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("virtplug")),

@@ -5,8 +5,9 @@
 //! at start and empty when they have no medium; boot disks on virtio-blk (or AHCI for `sata`);
 //! `bootOrder` becomes `bootindex`; serial console on a unix socket with a log file; QMP on a
 //! unix socket; a pidfile (QEMU runs in a session of its own, see [`crate::process::launch`]);
-//! its seccomp sandbox. No network unless user-mode networking is asked for. SeaBIOS, or OVMF
-//! for `firmware.bootloader.efi` ([`crate::firmware`]).
+//! its seccomp sandbox. The guest's interfaces are QEMU user-mode networks ([`crate::nic`]),
+//! none when it has none (`-nic none`). SeaBIOS, or OVMF for `firmware.bootloader.efi`
+//! ([`crate::firmware`]).
 //!
 //! Kernel boot in the embedded deployment: `firmware.kernelBoot.container` with no `image` (or
 //! `image: local`) names host files in `kernelPath` and `initrdPath`; `kernelArgs` is the
@@ -85,7 +86,9 @@ pub struct LaunchSpec {
     pub kernel: Option<KernelBoot>,
     pub boot_disks: Vec<BootDisk>,
     pub cdrom_drives: Vec<CdromDrive>,
-    pub user_net: bool,
+    /// The guest's NICs ([`crate::nic::from_vmi`]; [`from_vmi`] leaves them empty: their MAC
+    /// addresses depend on the VMI's namespace and name).
+    pub nics: Vec<crate::nic::Nic>,
     /// Start QEMU in a mount namespace of its own (bind-mount mode), a downstream (slave) copy
     /// of the launcher's: mounts made on the host reach it, mounts made inside it (the
     /// hot-plugged volumes' bind mounts) stay inside and vanish with it.
@@ -175,7 +178,12 @@ impl LaunchSpec {
         for arg in self.drive_args() {
             a.push(arg);
         }
-        a.extend(["-nic".to_owned(), if self.user_net { "user,model=virtio-net-pci" } else { "none" }.to_owned()]);
+        if self.nics.is_empty() {
+            a.extend(["-nic".to_owned(), "none".to_owned()]);
+        }
+        for (i, nic) in self.nics.iter().enumerate() {
+            a.extend(nic.args(i));
+        }
         a
     }
 
@@ -237,7 +245,8 @@ pub fn audit(args: &[String]) -> Result<(), String> {
             "-chardev" => &["", "id", "path", "server", "wait", "logfile", "logappend"],
             "-run-with" => &["user"],
             "-mon" => &["chardev", "mode"],
-            "-device" => &["driver", "id", "bus", "drive", "bootindex", "serial"],
+            "-device" => &["driver", "id", "bus", "drive", "bootindex", "serial", "netdev", "mac", "romfile"],
+            "-netdev" => &["", "id", "restrict", "hostfwd"],
             "-blockdev" => &["driver", "node-name", "read-only", "file", "file.driver", "file.filename", "file.read-only"],
             _ => continue,
         };
@@ -262,8 +271,32 @@ pub fn audit(args: &[String]) -> Result<(), String> {
             _ => crate::opts::parse(arg).into_iter().map(|(k, _)| k.unwrap_or_default()).collect(),
         };
         let mut seen = std::collections::HashSet::new();
-        if let Some(bad) = keys.iter().find(|k| !allowed.contains(&k.as_str()) || !seen.insert(k.as_str())) {
+        // A user netdev lists one `hostfwd` per forwarded port.
+        let repeats = |k: &str| flag == "-netdev" && k == "hostfwd";
+        if let Some(bad) = keys.iter().find(|k| !allowed.contains(&k.as_str()) || !(seen.insert(k.as_str()) || repeats(k))) {
             return Err(format!("{flag} {arg}: QEMU would read a key {bad:?} this command line never sets (keys: {keys:?})"));
+        }
+        if flag == "-netdev" {
+            netdev_values(arg).map_err(|m| format!("{flag} {arg}: {m}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The values of a `-netdev` this crate writes: a `user` network, forwards only from an
+/// ephemeral port on the host's loopback ([`crate::nic`]).
+fn netdev_values(arg: &str) -> Result<(), String> {
+    for (k, v) in crate::opts::parse(arg) {
+        let ok = match k.as_deref().unwrap_or_default() {
+            "" => v == "user",
+            "restrict" => v == "on",
+            "hostfwd" => ["tcp", "udp"].iter().any(|p| {
+                v.strip_prefix(&format!("{p}:{}:0-:", crate::nic::HOST_IP)).is_some_and(|port| port.parse::<u16>().is_ok_and(|n| n > 0))
+            }),
+            _ => true,
+        };
+        if !ok {
+            return Err(format!("{v:?} is not a value this command line writes"));
         }
     }
     Ok(())
@@ -398,7 +431,7 @@ pub fn from_vmi(
         kernel,
         boot_disks,
         cdrom_drives,
-        user_net: false,
+        nics: Vec::new(),
         own_mount_namespace: false,
         sandbox: true,
         run_as: None,
@@ -612,7 +645,7 @@ mod tests {
                 serial: Some(serial.to_owned()),
             }],
             cdrom_drives: vec![CdromDrive { id: format!("{disk}cd"), bootindex: None, medium: Some(PathBuf::from(path).join("m.iso")) }],
-            user_net: false,
+            nics: Vec::new(),
             own_mount_namespace: false,
             sandbox: true,
             run_as: Some(name.to_owned()),

@@ -12,6 +12,7 @@
 //! - [`media`]: CD-ROM media insert, swap, eject.
 //! - [`inventory`]: what QEMU holds, and the leftovers of an interrupted operation.
 //! - [`names`]: a volume's device id and block node name.
+//! - [`nic`]: the guest's NICs on QEMU user-mode networks, and their forwarded host ports.
 //! - [`console`]: the guest's serial console, line by line.
 
 pub mod accel;
@@ -25,6 +26,7 @@ pub mod launcher;
 pub mod machine;
 pub mod media;
 pub mod names;
+pub mod nic;
 pub mod opts;
 pub mod process;
 pub mod qmp;

@@ -52,7 +52,7 @@ fn spec(dir: &Path, fw: Fw) -> LaunchSpec {
         kernel: None,
         boot_disks: vec![],
         cdrom_drives: vec![],
-        user_net: false,
+        nics: Vec::new(),
         own_mount_namespace: false,
         sandbox: true,
         run_as: None,

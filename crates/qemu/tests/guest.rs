@@ -65,7 +65,7 @@ fn launch_spec(dir: &Path) -> LaunchSpec {
         }),
         boot_disks: vec![],
         cdrom_drives: vec![CdromDrive { id: "cd0".into(), bootindex: None, medium: None }],
-        user_net: false,
+        nics: Vec::new(),
         own_mount_namespace: false,
         sandbox: true,
         run_as: None,
@@ -425,6 +425,8 @@ async fn an_interrupted_attach_leaves_nothing_once_its_fd_sets_and_device_less_n
 
 /// `run_as`: QEMU drops to `nobody` after start-up (its sandbox then allows its own setuid, and
 /// still forbids exec), and hot-plug by fd works unchanged: the fd was opened by us, as root.
+/// Its restricted user-mode network still forwards a guest port from the loopback port QEMU
+/// reports (the guest answers on it, `vp.net`).
 #[tokio::test]
 async fn a_qemu_dropped_to_nobody_still_hotplugs_by_fd() {
     if !rustix::process::geteuid().is_root() {
@@ -434,6 +436,11 @@ async fn a_qemu_dropped_to_nobody_still_hotplugs_by_fd() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = launch_spec(dir.path());
     spec.run_as = Some("nobody".into());
+    let mac = api::network::Mac([2, 0, 0, 0, 0, 0x42]);
+    spec.nics = vec![qemu::nic::Nic { device: "virtio-net-pci", mac, forwards: vec![(api::network::Protocol::Tcp, 8022)], restrict: true }];
+    if let Some(k) = spec.kernel.as_mut() {
+        k.cmdline.push_str(" vp.net=8022");
+    }
     let mut vm = TestVm::start(&spec, dir).await;
     let status = std::fs::read_to_string(format!("/proc/{}/status", vm.process.pid)).unwrap();
     let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
@@ -447,5 +454,26 @@ async fn a_qemu_dropped_to_nobody_still_hotplugs_by_fd() {
     let plugged =
         vm.see("the disk QEMU could not have opened itself", |l| l.starts_with("BLOCK+") && l.contains("id=serial.vol-nobody")).await;
     assert!(plugged.contains(&hex(b"VP-NOBODY-DISK-1")), "{plugged}");
+
+    // Printed before VP-READY, which `start` waited for.
+    let seen: Vec<&str> = vm.console.seen.iter().map(|l| l.text.as_str()).collect();
+    assert!(seen.contains(&"VP-NET mac=02:00:00:00:00:42"), "the guest's NIC has the MAC: {seen:?}");
+    let fw = qemu::nic::host_forwards(&vm.machine).await.unwrap();
+    assert_eq!(fw.iter().map(|f| (f.netdev.as_str(), f.guest_port)).collect::<Vec<_>>(), [("net0", 8022)], "{fw:?}");
+    let addr = format!("127.0.0.1:{}", fw[0].host_port);
+    let deadline = std::time::Instant::now() + SEE;
+    let answer = loop {
+        use tokio::io::AsyncReadExt;
+        let mut text = String::new();
+        if let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await {
+            let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut text)).await;
+        }
+        if !text.is_empty() {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "no answer from the guest on {addr} within {SEE:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(answer.trim_end(), "VP-NET hello mac=02:00:00:00:00:42");
     vm.process.kill().await;
 }

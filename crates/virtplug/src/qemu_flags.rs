@@ -23,6 +23,11 @@ pub struct QemuArgs {
     /// Only with --attach-mode fd [default: QEMU stays root].
     #[arg(long, value_name = "USER")]
     qemu_user: Option<String>,
+    /// Let guests open connections out through their user-mode network (QEMU's slirp: to the
+    /// outside, and to this host's loopback services at 10.0.2.2). Off by default: a guest
+    /// reaches nothing, and only its forwarded `ports` reach it.
+    #[arg(long)]
+    guest_egress: bool,
     /// The largest a guest's serial log (RUN_DIR/serial.log) may grow: past it, checked every
     /// 30 s, its last quarter is kept in serial.log.1 and it starts again.
     #[arg(long, default_value = "8Mi", value_parser = api::quantity::bytes, value_name = "SIZE")]
@@ -51,6 +56,7 @@ impl QemuArgs {
         };
         config.qemu_sandbox = self.qemu_sandbox;
         config.qemu_user.clone_from(&self.qemu_user);
+        config.guest_egress = self.guest_egress;
         config.serial_log_max = self.serial_log_max;
     }
 }

@@ -140,20 +140,22 @@ impl Up {
 
     /// Creates a running VM booting the test guest (with an empty CD-ROM drive `cd0`).
     fn vm(&self, name: &str) {
-        self.vm_with(name, &json!([{"name": "cd0", "cdrom": {"bus": "sata"}}]), &json!([]));
+        self.vm_with(name, |_| {});
     }
 
-    /// Creates a running VM booting the test guest with these disks and volumes.
-    fn vm_with(&self, name: &str, disks: &Value, volumes: &Value) {
+    /// [`Up::vm`] with the manifest changed by `tune` first.
+    fn vm_with(&self, name: &str, tune: impl FnOnce(&mut Value)) {
         let g = common::guest::guest_dir();
         let manifest = self.dir.path().join(format!("{name}.json"));
         let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
             "spec": {"runStrategy": "Always", "template": {"spec": {
                 "terminationGracePeriodSeconds": 1,
-                "domain": {"resources": {"requests": {"memory": "200Mi"}}, "devices": {"disks": disks},
+                "domain": {"resources": {"requests": {"memory": "200Mi"}}, "devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}]},
                            "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable",
                                "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}},
-                "volumes": volumes}}}});
+                "volumes": []}}}});
+        let mut vm = vm;
+        tune(&mut vm);
         std::fs::write(&manifest, vm.to_string()).unwrap();
         self.kubectl(&["apply", "-f", manifest.to_str().unwrap()]);
     }
@@ -422,8 +424,10 @@ async fn no_cloud_user_data_from_a_secret_reaches_the_guest_once_the_secret_exis
     let up = Up::start();
     up.vm_with(
         "ci1",
-        &json!([{"name": "cloudinitdisk", "disk": {"bus": "virtio"}}]),
-        &json!([{"name": "cloudinitdisk", "cloudInitNoCloud": {"secretRef": {"name": "my-vmi-secret"}}}]),
+        devices(
+            json!([{"name": "cloudinitdisk", "disk": {"bus": "virtio"}}]),
+            json!([{"name": "cloudinitdisk", "cloudInitNoCloud": {"secretRef": {"name": "my-vmi-secret"}}}]),
+        ),
     );
     let why = common::wait_until(SEE, "the VMI to wait for its cloud-init Secret", || {
         let (ok, out) = up.run(
@@ -477,8 +481,120 @@ async fn config_drive_user_data_reaches_the_guest_and_bad_sources_are_refused() 
 
     let volumes = json!([{"name": "configdrive", "cloudInitConfigDrive": {
         "userDataBase64": b64("#!/bin/sh\necho config drive\n"), "networkData": "{\"links\": []}"}}]);
-    up.vm_with("ci2", &disks, &volumes);
+    up.vm_with("ci2", devices(disks, volumes));
     let uid = up.ready("ci2").await;
     let line = up.see(&uid, "the guest to read its config-2 medium", |l| l.starts_with("VP-CIDATA")).await;
     assert!(line.starts_with("VP-CIDATA label=config-2 dev=sr") && line.ends_with(" first-line=#!/bin/sh"), "{line}");
+}
+
+/// A [`Up::vm_with`] tune that gives the VM these disks and volumes (instead of the empty `cd0`).
+fn devices(disks: Value, volumes: Value) -> impl FnOnce(&mut Value) {
+    move |vm: &mut Value| {
+        let spec = &mut vm["spec"]["template"]["spec"];
+        spec["domain"]["devices"]["disks"] = disks;
+        spec["volumes"] = volumes;
+    }
+}
+
+/// Reads the one line a TCP service at `addr` sends, within a second (`None`: refused, closed
+/// without a line — QEMU's user-mode network accepts on the host before the guest answers).
+fn answer(addr: &str) -> Option<String> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.lines().next().map(str::to_owned)
+}
+
+/// Guest networking: a VM with KubeVirt's masquerade interface on the pod network and a port
+/// gets a NIC whose MAC is the derived one (the guest prints it), its port is reached from the
+/// host through the loopback port the VMI's annotation names (and `virtplug vm port` prints),
+/// and its status says the interface; a spec MAC is the guest's MAC. Bindings and networks
+/// virtplug cannot give are refused at admission, naming what is supported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_port_is_reached_through_its_forwarded_loopback_port() {
+    let mut up = Up::start();
+    let net = |iface: Value| {
+        move |vm: &mut Value| {
+            let spec = &mut vm["spec"]["template"]["spec"];
+            spec["domain"]["devices"]["interfaces"] = json!([iface]);
+            spec["networks"] = json!([{"name": "default", "pod": {}}]);
+            let args = spec["domain"]["firmware"]["kernelBoot"]["kernelArgs"].as_str().unwrap().to_owned();
+            spec["domain"]["firmware"]["kernelBoot"]["kernelArgs"] = json!(format!("{args} vp.net=8022"));
+        }
+    };
+    // Refused at admission: nothing is created.
+    for (iface, field) in [
+        (json!({"name": "default", "bridge": {}}), "spec.template.spec.domain.devices.interfaces[0].bridge"),
+        (json!({"name": "other", "masquerade": {}}), "spec.template.spec.domain.devices.interfaces[0].name"),
+        (json!({"name": "default", "macAddress": "02:00:00:00:00"}), "spec.template.spec.domain.devices.interfaces[0].macAddress"),
+        (json!({"name": "default", "ports": [{"port": 70000}]}), "spec.template.spec.domain.devices.interfaces[0].ports[0]"),
+    ] {
+        let manifest = up.dir.path().join("bad.json");
+        let mut vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "bad"},
+            "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}, "firmware": {"kernelBoot": {"kernelArgs": ""}}}}}}});
+        net(iface)(&mut vm);
+        std::fs::write(&manifest, vm.to_string()).unwrap();
+        let (ok, out) = up.run("kubectl", &["apply", "-f", manifest.to_str().unwrap()]);
+        assert!(!ok && out.contains(field), "{field}: {out}");
+    }
+    let (ok, out) = up.run("kubectl", &["get", "vm", "bad"]);
+    assert!(!ok && out.contains("NotFound"), "{out}");
+
+    up.vm_with("net1", net(json!({"name": "default", "masquerade": {}, "ports": [{"name": "hello", "port": 8022}]})));
+    up.vm_with("net2", net(json!({"name": "default", "macAddress": "02:AA:bb:cc:dd:0e"})));
+    let uid1 = up.ready("net1").await;
+    let uid2 = up.ready("net2").await;
+    let derived = api::network::derived_mac("default", "net1", "default").to_string();
+    up.see(&uid1, "the derived MAC in the guest", |l| l == format!("VP-NET mac={derived}")).await;
+    up.see(&uid2, "the spec's MAC in the guest", |l| l == "VP-NET mac=02:aa:bb:cc:dd:0e").await;
+
+    // The forward, as the agent reports it (before `Running`), and as the CLI prints it.
+    let vmi = up.json(&["get", "vmi", "net1"]);
+    let forwards: Value = serde_json::from_str(vmi["metadata"]["annotations"]["virtplug.io/port-forwards"].as_str().unwrap()).unwrap();
+    let f = &forwards[0];
+    assert_eq!(
+        (&f["interface"], &f["name"], &f["protocol"], &f["port"], &f["hostIP"]),
+        (&json!("default"), &json!("hello"), &json!("TCP"), &json!(8022), &json!("127.0.0.1")),
+        "{forwards}"
+    );
+    let addr = format!("127.0.0.1:{}", f["hostPort"]);
+    assert_eq!(up.virtplug(&["vm", "port", "net1", "8022"]).trim(), addr);
+    let (ok, out) = up.run(env!("CARGO_BIN_EXE_virtplug"), &["vm", "port", "net1", "22"]);
+    assert!(!ok && out.contains("port 22/TCP of VM net1 is not forwarded (forwarded: 8022/TCP)"), "{out}");
+    let iface = &vmi["status"]["interfaces"][0];
+    assert_eq!((&iface["name"], &iface["mac"], &iface["ipAddress"]), (&json!("default"), &json!(derived), &json!("10.0.2.15")), "{vmi}");
+    let get = up.virtplug(&["vm", "get", "net1"]);
+    assert!(
+        get.contains(&format!("Interface default: mac {derived}, ip 10.0.2.15"))
+            && get.contains(&format!("Port 8022/TCP (hello) of default: {addr}")),
+        "{get}"
+    );
+
+    // The guest answers through the forward (its listener starts as it prints its MAC).
+    let line = common::wait_until(SEE, &format!("the guest's answer on {addr}"), || {
+        let a = answer(&addr);
+        async move { a }
+    })
+    .await;
+    assert_eq!(line, format!("VP-NET hello mac={derived}"));
+    assert!(
+        up.json(&["get", "vmi", "net2"])["metadata"]["annotations"].get("virtplug.io/port-forwards").is_none(),
+        "no ports, no forwards"
+    );
+
+    // The next agent reads the forwards from the QEMU it adopts, not from the VMI.
+    up.kubectl(&["annotate", "vmi", "net1", "virtplug.io/port-forwards-"]);
+    up.kill9();
+    up.spawn();
+    let again = common::wait_until(SEE, "the adopting agent to report the forwards again", || {
+        let (_, out) = up.run("kubectl", &["get", "vmi", "net1", "-o", r"jsonpath={.metadata.annotations.virtplug\.io/port-forwards}"]);
+        let r = (!out.trim().is_empty()).then_some(out);
+        async move { r }
+    })
+    .await;
+    assert_eq!(serde_json::from_str::<Value>(&again).unwrap(), forwards, "the same QEMU, the same ports");
+    assert_eq!(up.uid("net1"), uid1, "the same VMI");
+    assert_eq!(answer(&addr).as_deref(), Some(format!("VP-NET hello mac={derived}").as_str()));
 }

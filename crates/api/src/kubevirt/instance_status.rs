@@ -26,6 +26,33 @@ pub struct VirtualMachineInstanceStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_status: Vec<VolumeStatus>,
+    /// The guest's network interfaces, as far as the node agent knows them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<InterfaceStatus>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// One entry of `VirtualMachineInstance.status.interfaces`, with KubeVirt's field names. The node
+/// agent writes what it knows from the machine it built (`infoSource: domain`): the name, the MAC
+/// address, and the address QEMU's user-mode network leases; `interfaceName` (the guest's name
+/// for it) would come from a guest agent, which virtplug does not run.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_address: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_addresses: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info_source: Option<String>,
     #[serde(flatten)]
     #[schemars(skip)]
     pub extra: Extra,

@@ -235,6 +235,7 @@ pub(super) async fn launch(
     let mut spec =
         qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, &shared.config.boot_files, |v| sources.get(&v.name).cloned())
             .map_err(|e| e.to_string())?;
+    spec.nics = qemu::nic::from_vmi(&vmi.spec, &record.namespace, &record.name, !shared.config.guest_egress).map_err(|e| e.to_string())?;
     spec.own_mount_namespace = record.cgroup.is_some();
     spec.sandbox = shared.config.qemu_sandbox;
     spec.run_as.clone_from(&shared.config.qemu_user);

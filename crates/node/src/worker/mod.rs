@@ -5,7 +5,8 @@
 //! - [`phase`]: the VMI's phase, reason and `Ready` condition;
 //! - [`stop`]: stopping QEMU and removing what the VM leaves;
 //! - [`nmi`]: an NMI asked for through the VMI (Redfish `ResetType: Nmi`);
-//! - [`bootorder`]: the running guest's boot order follows the VMI's (for its next reset).
+//! - [`bootorder`]: the running guest's boot order follows the VMI's (for its next reset);
+//! - [`net`]: the VMI's interfaces and forwarded ports, reported after a start or adoption.
 //!
 //! # Phases (KubeVirt's)
 //! `Scheduled` → QEMU launched, QMP connected → `Running`. The guest powering off (QEMU's
@@ -23,6 +24,7 @@
 
 mod bootorder;
 mod live;
+mod net;
 mod nmi;
 mod phase;
 mod stop;
@@ -245,7 +247,8 @@ impl Worker {
                 _ => {}
             },
         }
-        if self.live.is_some() {
+        if let Some(l) = &self.live {
+            net::report(&self.shared, vmi, &l.machine).await;
             self.launcher_wait = None;
             self.force = true;
             if !vmi.is_running() {
@@ -362,6 +365,7 @@ impl Worker {
         let Some(l) = self.live.take() else { return };
         let by_guest = *l.guest_shutdown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(v) = &self.last {
+            net::forget(&self.shared, v).await;
             if by_guest {
                 set_phase(&self.shared, v, VmiPhase::Succeeded, Some(VmiReason::GuestShutdown), "the guest powered off").await;
             } else {

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use api::network::{derived_mac, Mac};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 use api::phases::PrintableStatus;
 use api::{VirtualMachine, VirtualMachineInstance};
@@ -57,48 +57,38 @@ pub fn system_uuid(vm: &VirtualMachine) -> String {
         .map_or_else(|_| uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, uid.as_bytes()).to_string(), |u| u.to_string())
 }
 
-/// The VM's interfaces and their MAC addresses: `domain.devices.interfaces[].macAddress`, or,
-/// when an interface has none, a stable locally administered address derived from the VM uid
-/// and the interface name. A VM without interfaces has KubeVirt's `default` one.
+/// The VM's interfaces and their MAC addresses: those its guest gets
+/// ([`api::network::pod_interfaces`]: `macAddress`, or the address derived from the VM's
+/// namespace, name and interface name, KubeVirt's auto-attached `default` interface included),
+/// so the BMC and the guest agree. A spec virtplug would not run (a KubeVirt cluster's bridge
+/// binding, say) still lists its interfaces, with the same derivation where no valid
+/// `macAddress` is set.
 #[must_use]
 pub fn interfaces(vm: &VirtualMachine) -> BTreeMap<String, String> {
+    let (ns, name) = (vm.namespace().unwrap_or_default(), vm.name_any());
+    let spec = vm.spec.template.spec.as_ref();
+    let listed: Vec<(String, Mac)> = match spec.map(|s| api::network::pod_interfaces(s, &ns, &name)) {
+        Some(Ok(p)) => p.into_iter().map(|i| (i.name, i.mac)).collect(),
+        Some(Err(_)) => spec
+            .and_then(|s| api::network::decode(s, "spec").ok())
+            .map(|(ifaces, _)| {
+                ifaces
+                    .into_iter()
+                    .map(|i| {
+                        let mac = i.mac_address.as_deref().and_then(Mac::parse).unwrap_or_else(|| derived_mac(&ns, &name, &i.name));
+                        (i.name, mac)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        None => vec![(api::network::DEFAULT_INTERFACE.to_owned(), derived_mac(&ns, &name, api::network::DEFAULT_INTERFACE))],
+    };
     let uid = vm.uid().unwrap_or_default();
-    let listed: Vec<(String, Option<String>)> = vm
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .and_then(|s| s.domain.devices.extra.get("interfaces"))
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|i| Some((i.get("name")?.as_str()?.to_owned(), i.get("macAddress").and_then(Value::as_str).map(str::to_owned))))
-                .collect()
-        })
-        .unwrap_or_default();
-    let listed = if listed.is_empty() { vec![("default".to_owned(), None)] } else { listed };
     listed
         .into_iter()
         .filter(|(n, _)| Uri::parse(&Uri::EthernetInterface(uid.clone(), n.clone()).path()).is_some())
-        .map(|(n, mac)| {
-            let mac = mac.filter(|m| valid_mac(m)).unwrap_or_else(|| derived_mac(&uid, &n));
-            (n, mac.to_ascii_lowercase())
-        })
+        .map(|(n, mac)| (n, mac.to_string()))
         .collect()
-}
-
-fn valid_mac(m: &str) -> bool {
-    let parts: Vec<&str> = m.split([':', '-']).collect();
-    parts.len() == 6 && parts.iter().all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
-/// `02:xx:xx:xx:xx:xx`: locally administered, unicast, from the VM uid and interface name.
-#[must_use]
-pub fn derived_mac(uid: &str, iface: &str) -> String {
-    let d = Sha256::digest(format!("virtplug-mac/{uid}/{iface}").as_bytes());
-    let mut bytes = vec![0x02u8];
-    bytes.extend_from_slice(&d[..5]);
-    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
 fn memory_gib(vm: &VirtualMachine) -> f64 {
@@ -235,6 +225,14 @@ mod tests {
         let v = vm(json!({"domain": {"devices": {}}}));
         assert_eq!(system_uuid(&v), "5b0e6a0e-7f7c-4d5c-9a57-2d3b1c2d3e4f");
         assert_eq!(interfaces(&v).keys().collect::<Vec<_>>(), ["default"]);
-        assert!(valid_mac(&derived_mac("u", "default")));
+        assert_eq!(interfaces(&v)["default"], derived_mac("metal", "bm-0", "default").to_string());
+        // The address the guest's NIC gets (the node agent builds it from the same resolution).
+        let v = vm(
+            json!({"domain": {"devices": {"interfaces": [{"name": "pxe", "masquerade": {}}]}}, "networks": [{"name": "pxe", "pod": {}}]}),
+        );
+        let guest = api::network::pod_interfaces(v.spec.template.spec.as_ref().unwrap(), "metal", "bm-0").unwrap();
+        assert_eq!(interfaces(&v)["pxe"], guest[0].mac.to_string());
+        let v = vm(json!({"domain": {"devices": {"autoattachPodInterface": false}}}));
+        assert!(interfaces(&v).is_empty(), "no interface, none reported");
     }
 }

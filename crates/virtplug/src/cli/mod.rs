@@ -7,6 +7,7 @@
 
 mod fallback;
 mod hotplug;
+mod net;
 mod vm;
 mod volume;
 

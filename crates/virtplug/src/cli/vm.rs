@@ -1,5 +1,5 @@
 //! `virtplug vm`: create (from flags or a manifest), list, get, start, stop, restart, delete,
-//! console.
+//! console, port.
 
 use std::path::PathBuf;
 
@@ -44,6 +44,16 @@ pub enum Vm {
         /// The `up` data dir [default: the `up` default].
         #[arg(long)]
         data_dir: Option<PathBuf>,
+    },
+    /// Print where a guest port of the running VM is reached (`127.0.0.1:HOSTPORT` on its node),
+    /// e.g. `ssh -p "${x##*:}" user@127.0.0.1` with x=$(virtplug vm port NAME 22). The port must be
+    /// listed in the VM's interface `ports`.
+    Port {
+        name: String,
+        /// The guest's port.
+        port: u16,
+        #[arg(long, default_value = "TCP", value_parser = ["TCP", "UDP", "tcp", "udp"])]
+        protocol: String,
     },
     /// Attach to the serial console of a VM running on this machine (Ctrl-D or EOF to leave).
     Console {
@@ -140,8 +150,9 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
             let boot = boot_line(&vm);
             match c.output.as_str() {
                 "table" => {
+                    let net = super::net::lines(vmi.as_ref());
                     print_objects("table", &[(vm, vmi)], vm_rows, VM_HEADER)?;
-                    println!("Virtual media (Cd): {media}\nBoot: {boot}");
+                    println!("Virtual media (Cd): {media}\nBoot: {boot}\n{net}");
                 }
                 o => print_one(o, &VmView { vm, vmi }, |_| Vec::new(), &[])?,
             }
@@ -169,6 +180,12 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
                 password.display(),
                 ca.display()
             );
+            report(&c.output, &text, &doc)?;
+        }
+        Vm::Port { name, port, protocol } => {
+            let vmi = vmis.get(name).await.map_err(api_err(&format!("get VMI {name} (is the VM running?)")))?;
+            let protocol = if protocol.eq_ignore_ascii_case("udp") { api::network::Protocol::Udp } else { api::network::Protocol::Tcp };
+            let (text, doc) = super::net::report(&super::net::find(&vmi, name, *port, protocol)?);
             report(&c.output, &text, &doc)?;
         }
         Vm::Console { name, data_dir } => {

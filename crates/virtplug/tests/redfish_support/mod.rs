@@ -266,7 +266,8 @@ impl RfUp {
             "metadata": {"name": name, "namespace": ns, "labels": labels},
             "spec": {"runStrategy": "Halted", "template": {"spec": {
                 "domain": {"devices": {"disks": [], "interfaces": [{"name": "default", "macAddress": "52:54:00:00:00:01"}]},
-                           "resources": {"requests": {"memory": "128Mi"}}}, "volumes": []}}}});
+                           "resources": {"requests": {"memory": "128Mi"}}}, "volumes": [],
+                "networks": [{"name": "default", "pod": {}}]}}}});
         if labels.is_null() {
             v["metadata"]["labels"] = json!({});
         }
