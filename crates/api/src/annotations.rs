@@ -24,3 +24,15 @@ pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 /// ([`crate::network::PortForward`]). KubeVirt has no such field (its ports are reached through
 /// the pod's IP); written by the agent that runs the VMI after every start or adoption.
 pub const PORT_FORWARDS: &str = "virtplug.io/port-forwards";
+
+/// On a VMI: `"true"` while it should be paused (KubeVirt's `pause` subresource sets it,
+/// `unpause` removes it). The node agent that owns the VMI's QMP connection stops or resumes
+/// the vCPUs to match and reports what QEMU does in the VMI's `Paused` condition.
+pub const PAUSE_REQUESTED: &str = "virtplug.io/pause-requested";
+/// On a VMI: a soft reboot is asked for (the `softreboot` subresource); the value is the
+/// request's ID. The node agent resets the guest once per ID.
+pub const SOFTREBOOT_REQUESTED: &str = "virtplug.io/softreboot-requested";
+/// On a VMI: the ID of the last soft reboot carried out (the node agent's answer).
+pub const SOFTREBOOT_DONE: &str = "virtplug.io/softreboot-done";
+/// On a VMI: `ID: why` of the last soft reboot that could not be carried out.
+pub const SOFTREBOOT_FAILED: &str = "virtplug.io/softreboot-failed";

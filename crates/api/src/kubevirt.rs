@@ -169,6 +169,27 @@ pub struct VirtualMachineStatus {
     /// Pending start/stop requests from the subresources, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_change_requests: Vec<StateChangeRequest>,
+    /// VMIs that failed before they ran, in a row (KubeVirt's crash-loop backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_failure: Option<StartFailure>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// `VirtualMachine.status.startFailure` (KubeVirt's `VirtualMachineStartFailure`): the VM's VMIs
+/// failed this many times in a row before reaching `Running`; the next is started no earlier
+/// than `retryAfterTimestamp`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StartFailure {
+    #[serde(default)]
+    pub consecutive_fail_count: u32,
+    #[serde(default, rename = "lastFailedVMIUID", skip_serializing_if = "Option::is_none")]
+    pub last_failed_vmi_uid: Option<String>,
+    /// RFC 3339, whole seconds (as `metav1.Time`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_timestamp: Option<String>,
     #[serde(flatten)]
     #[schemars(skip)]
     pub extra: Extra,

@@ -11,6 +11,8 @@
 //! - [`crd`]: CRD manifests generated from the types (cluster mode).
 //! - [`annotations`]: the annotations components use to talk through the API.
 //! - [`network`]: guest interfaces and networks, their admission rules, MAC addresses.
+//! - [`lifecycle_requests`], [`vmi_requests`]: what KubeVirt's VM and VMI action subresources
+//!   do to the objects.
 //!
 //! core/v1 `PersistentVolumeClaim`, `Event`, `Namespace` and `Node` come from k8s-openapi, re-exported
 //! under [`core`].
@@ -29,6 +31,7 @@ pub mod phases;
 pub mod quantity;
 pub mod validation;
 pub mod virtual_media;
+pub mod vmi_requests;
 pub mod volume_edit;
 
 /// core/v1 types used by virtplug.
