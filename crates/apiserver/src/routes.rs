@@ -92,6 +92,10 @@ pub static ROUTES: &[Route] = &[
         "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/{plural:virtualmachines}/{name}/{sub:start|stop|restart}",
         |c| Box::pin(subresources::lifecycle(c)),
     ),
+    put(
+        "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/{plural:virtualmachineinstances}/{name}/{sub:pause|unpause|softreboot}",
+        |c| Box::pin(subresources::vmi_action(c)),
+    ),
     // core/v1 pods/binding (kube-scheduler's bind).
     Route::Path(Method::POST, "/api/v1/namespaces/{namespace}/pods/{name}/binding", Handler::Async(|c| Box::pin(subresources::binding(c)))),
     // The verbs on resources.

@@ -1,6 +1,7 @@
 //! KubeVirt's subresources (`/apis/subresources.kubevirt.io/v1`): `PUT` on
 //! - `virtualmachines|virtualmachineinstances/NAME/addvolume|removevolume`: [`volumes`];
-//! - `virtualmachines/NAME/start|stop|restart`: [`lifecycle`].
+//! - `virtualmachines/NAME/start|stop|restart`: [`lifecycle`];
+//! - `virtualmachineinstances/NAME/pause|unpause|softreboot`: [`vmi_actions`].
 //!
 //! And core/v1's `pods/NAME/binding` (`POST`, [`binding`]), which kube-scheduler uses.
 //!
@@ -9,6 +10,7 @@
 
 pub mod binding;
 pub mod lifecycle;
+pub mod vmi_actions;
 pub mod volumes;
 
 use axum::response::Response;
@@ -31,6 +33,9 @@ pub fn resource_list() -> Value {
     for sub in lifecycle::SUBRESOURCES {
         resources.push(json!({"name": format!("virtualmachines/{sub}"), "singularName": "", "namespaced": true, "kind": "VirtualMachine", "verbs": ["update"]}));
     }
+    for sub in vmi_actions::SUBRESOURCES {
+        resources.push(json!({"name": format!("virtualmachineinstances/{sub}"), "singularName": "", "namespaced": true, "kind": "VirtualMachineInstance", "verbs": ["update"]}));
+    }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "subresources.kubevirt.io/v1", "resources": resources})
 }
 
@@ -52,6 +57,16 @@ pub async fn lifecycle(mut c: Call<'_>) -> Result<Response, ApiError> {
     let dry = c.dry_run_query();
     let body = c.body().await?;
     lifecycle::handle(&c.st.objects, c.capture("namespace"), c.capture("name"), c.capture("sub"), &body, dry).await
+}
+
+/// `PUT .../virtualmachineinstances/{name}/pause|unpause|softreboot`.
+///
+/// # Errors
+/// 413 for a body over the limit; see [`vmi_actions::handle`].
+pub async fn vmi_action(mut c: Call<'_>) -> Result<Response, ApiError> {
+    let dry = c.dry_run_query();
+    let body = c.body().await?;
+    vmi_actions::handle(&c.st.objects, c.capture("namespace"), c.capture("name"), c.capture("sub"), &body, dry).await
 }
 
 /// `POST /api/v1/namespaces/{namespace}/pods/{name}/binding`.

@@ -23,7 +23,8 @@ use crate::status::ApiError;
 /// The subresources this module serves, for discovery.
 pub const SUBRESOURCES: [&str; 3] = ["start", "stop", "restart"];
 
-fn parse_body(sub: &str, body: &[u8]) -> Result<(bool, Option<i64>), ApiError> {
+/// The options body: its `dryRun` and its grace period (stop, restart).
+pub(super) fn parse_body(sub: &str, body: &[u8]) -> Result<(bool, Option<i64>), ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok((false, None));
     }
