@@ -123,6 +123,34 @@ impl Machine {
         self.command("cont", json!({})).await.map(|_| ())
     }
 
+    /// Stops the vCPUs (QMP `stop`): the guest and its clock stand still, its memory and
+    /// devices stay; [`Machine::resume`] continues it. Devices can still be plugged.
+    ///
+    /// # Errors
+    /// The QMP error.
+    pub async fn pause(&self) -> Result<(), QmpError> {
+        self.command("stop", json!({})).await.map(|_| ())
+    }
+
+    /// Whether the vCPUs stand still: QEMU's `query-status` is `paused` (a [`Machine::pause`])
+    /// or `prelaunch` (started paused, not yet resumed).
+    ///
+    /// # Errors
+    /// The QMP error.
+    pub async fn paused(&self) -> Result<bool, QmpError> {
+        let s = self.command("query-status", json!({})).await?;
+        Ok(matches!(s.get("status").and_then(Value::as_str), Some("paused" | "prelaunch")))
+    }
+
+    /// Resets the machine (QMP `system_reset`): the firmware and the guest boot again in the
+    /// same QEMU, as the reset button does; the guest is not asked first.
+    ///
+    /// # Errors
+    /// The QMP error.
+    pub async fn reset(&self) -> Result<(), QmpError> {
+        self.command("system_reset", json!({})).await.map(|_| ())
+    }
+
     /// Injects a non-maskable interrupt into every vCPU (QMP `inject-nmi`): the guest's NMI
     /// handler runs (Linux logs it, or panics with `unknown_nmi_panic`), as a BMC's diagnostic
     /// interrupt does (Redfish `ResetType: Nmi`).
@@ -164,6 +192,22 @@ mod tests {
         let m = Machine::new(Arc::clone(&fake));
         m.resume().await.unwrap();
         assert_eq!((fake.calls()[0].command.as_str(), &fake.calls()[0].args), ("cont", &json!({})));
+    }
+
+    #[tokio::test]
+    async fn pause_reset_and_status_send_their_commands() {
+        let fake = Arc::new(Fake::new());
+        let m = Machine::new(Arc::clone(&fake));
+        m.pause().await.unwrap();
+        m.reset().await.unwrap();
+        let sent: Vec<_> = fake.calls().iter().map(|c| (c.command.clone(), c.args.clone())).collect();
+        assert_eq!(sent, [("stop".to_owned(), json!({})), ("system_reset".to_owned(), json!({}))]);
+        fake.reply("query-status", json!({"status": "paused", "running": false}));
+        assert!(m.paused().await.unwrap());
+        fake.reply("query-status", json!({"status": "prelaunch", "running": false}));
+        assert!(m.paused().await.unwrap(), "started paused counts as paused");
+        fake.reply("query-status", json!({"status": "running", "running": true}));
+        assert!(!m.paused().await.unwrap());
     }
 
     #[tokio::test]

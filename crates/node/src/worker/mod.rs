@@ -4,7 +4,9 @@
 //! - [`live`]: the running QEMU (launch, adoption after an agent restart, exit and events);
 //! - [`phase`]: the VMI's phase, reason and `Ready` condition;
 //! - [`stop`]: stopping QEMU and removing what the VM leaves;
-//! - [`nmi`]: an NMI asked for through the VMI (Redfish `ResetType: Nmi`);
+//! - [`oneshot`]: an NMI (Redfish `ResetType: Nmi`) or a soft reboot (the `softreboot`
+//!   subresource) asked for through the VMI;
+//! - [`pause`]: the vCPUs stopped or running as the VMI asks (`pause`/`unpause`);
 //! - [`bootorder`]: the running guest's boot order follows the VMI's (for its next reset);
 //! - [`net`]: the VMI's interfaces and forwarded ports, reported after a start or adoption.
 //!
@@ -25,7 +27,8 @@
 mod bootorder;
 mod live;
 mod net;
-mod nmi;
+mod oneshot;
+mod pause;
 mod phase;
 mod stop;
 
@@ -64,6 +67,8 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         force: true,
         pending_retry: None,
         nmi_done: None,
+        reboot_done: None,
+        vcpus_paused: None,
         boot_order: None,
         paused_for_media: false,
         once_armed: None,
@@ -86,11 +91,16 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
             w.start(&vmi).await;
         }
         if let Some(l) = w.live.as_ref().filter(|_| vmi.is_running()) {
-            nmi::act(&w.shared.client, &vmi, &l.machine, &mut w.nmi_done).await;
+            oneshot::act(&w.shared.client, &oneshot::NMI, &vmi, &l.machine, &mut w.nmi_done).await;
+            oneshot::act(&w.shared.client, &oneshot::SOFT_REBOOT, &vmi, &l.machine, &mut w.reboot_done).await;
             bootorder::follow(&vmi, &l.machine, &mut w.boot_order).await;
             w.once_armed = bootorder::armed(&vmi, w.boot_order.as_ref());
         }
         let mut retry = w.pass(&vmi).await;
+        if let Some(l) = w.live.as_ref().filter(|_| vmi.is_running()) {
+            // After the pass: a guest started paused for its media stays so when asked.
+            pause::follow(&w.shared, &vmi, &l.machine, &mut w.vcpus_paused).await;
+        }
         if w.live.is_none() {
             retry = retry.or(w.launcher_wait).or(w.cloud_init_wait);
         }
@@ -131,8 +141,12 @@ struct Worker {
     /// started).
     force: bool,
     pending_retry: Option<Duration>,
-    /// The last NMI id injected ([`nmi`]).
+    /// The last NMI id injected ([`oneshot::NMI`]).
     nmi_done: Option<String>,
+    /// The last soft reboot id carried out ([`oneshot::SOFT_REBOOT`]).
+    reboot_done: Option<String>,
+    /// Whether QEMU's vCPUs stand still ([`pause`]; `None`: unknown, after an adoption).
+    vcpus_paused: Option<bool>,
     /// The boot order QEMU has ([`bootorder`]; `None`: unknown, after an adoption).
     boot_order: Option<bootorder::Order>,
     /// QEMU was started paused so that the first pass puts CD-ROM media in their drives
@@ -206,6 +220,7 @@ impl Worker {
                 self.paused_for_media = live::prelaunch(&l.machine).await;
                 self.live = Some(l);
                 self.boot_order = None;
+                self.vcpus_paused = None;
             }
             Some(Err(e)) => tracing::warn!("{e}"),
             None => match vmi.phase() {
@@ -233,6 +248,7 @@ impl Worker {
                             self.live = Some(l);
                             self.boot_order = Some(bootorder::wanted(vmi));
                             self.paused_for_media = live::media_at_boot(vmi);
+                            self.vcpus_paused = Some(self.paused_for_media);
                         }
                         Err(e) => {
                             set_phase(&self.shared, vmi, VmiPhase::Failed, Some(VmiReason::LaunchFailed), &e).await;
@@ -286,16 +302,20 @@ impl Worker {
                 let r = crate::hotplug::reconcile(&self.shared, vmi, &l.machine, bind.as_ref(), &mut self.volumes).await;
                 self.done_generation = vmi.metadata.generation;
                 self.force = false;
-                if self.paused_for_media {
+                if self.paused_for_media && !pause::wanted(vmi) {
                     // The media that could be plugged are in; one still waiting is plugged later
                     // like any hot-plug (the controller starts a VM only once its virtual media
                     // are imported), the guest is not held for it.
                     match l.machine.resume().await {
-                        Ok(_) => tracing::info!("media in their drives: the guest runs"),
+                        Ok(()) => {
+                            tracing::info!("media in their drives: the guest runs");
+                            self.vcpus_paused = Some(false);
+                        }
                         Err(e) => tracing::warn!("cannot resume QEMU after plugging the media: {e}"),
                     }
-                    self.paused_for_media = false;
                 }
+                // A guest asked to be paused stays so; `cont` at its unpause starts it.
+                self.paused_for_media = false;
                 r
             }
             Some(_) if running => self.pending_retry,

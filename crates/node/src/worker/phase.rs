@@ -1,5 +1,7 @@
-//! A VMI's phase as the agent sets it: the phase, its reason, and KubeVirt's `Ready` condition
-//! (`True` only when `Running`).
+//! A VMI's phase as the agent sets it: the phase, its reason, KubeVirt's `Ready` condition
+//! (`True` only when `Running`) and `phaseTransitionTimestamps` (one entry per phase entered:
+//! the controller tells a VMI that failed before it ran from one that ran by it, for the
+//! crash-loop backoff).
 
 use kube::api::Api;
 use kube::ResourceExt;
@@ -14,16 +16,23 @@ use crate::reasons::VmiReason;
 /// The type of KubeVirt's VMI condition that says whether the VMI runs.
 const READY: &str = "Ready";
 
-/// Sets the VMI's phase, reason and `Ready` condition.
+/// Sets the VMI's phase, reason, `Ready` condition and, for a new phase, its transition time.
 pub(super) fn apply_phase(v: &mut VirtualMachineInstance, phase: VmiPhase, reason: Option<VmiReason>, message: &str) {
     let s = v.status.get_or_insert_with(VirtualMachineInstanceStatus::default);
     let ready = phase == VmiPhase::Running;
+    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    if s.phase.as_ref() != Some(&phase) {
+        let stamps = s.extra.entry("phaseTransitionTimestamps".to_owned()).or_insert_with(|| serde_json::Value::Array(Vec::new()));
+        if let Some(a) = stamps.as_array_mut() {
+            a.push(serde_json::json!({"phase": phase.as_str(), "phaseTransitionTimestamp": now}));
+        }
+    }
     let c = Condition {
         type_: READY.into(),
         status: if ready { "True" } else { "False" }.into(),
         reason: if ready { None } else { Some(reason.map_or_else(|| phase.as_str().to_owned(), |r| r.as_str().to_owned())) },
         message: Some(message.to_owned()),
-        last_transition_time: Some(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+        last_transition_time: Some(now),
         ..Condition::default()
     };
     s.phase = Some(phase);
@@ -48,6 +57,7 @@ pub(super) async fn set_phase(shared: &Shared, vmi: &VirtualMachineInstance, pha
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -61,5 +71,13 @@ mod tests {
         assert_eq!(s, Some((Some(VmiPhase::Failed), Some("QEMUExited".into()))));
         assert_eq!(ready(&v).map(|c| (c.status, c.reason)), Some(("False".into(), Some("QEMUExited".into()))));
         assert_eq!(v.status.as_ref().map(|s| s.conditions.len()), Some(1), "one Ready condition");
+        apply_phase(&mut v, VmiPhase::Failed, Some(VmiReason::QemuExited), "again");
+        let phases: Vec<String> = v.status.as_ref().unwrap().extra["phaseTransitionTimestamps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["phase"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(phases, ["Running", "Failed"], "one entry per phase entered");
     }
 }
