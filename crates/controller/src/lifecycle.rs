@@ -33,10 +33,15 @@
 //!   one with the fewest VMIs; none → the VMI stays `Pending` with
 //!   `PodScheduled=False/Unschedulable` (kube-scheduler's message) and the VM shows
 //!   `ErrorUnschedulable`.
+//! - Crash loops ([`start_failure`]): VMIs that fail before they run are counted in
+//!   `status.startFailure` and the next one waits KubeVirt's growing delay (`CrashLoopBackOff`).
+//! - A running VMI whose `Paused` condition is `True` (the node agent stopped its vCPUs at a
+//!   `pause`) shows `Paused`; the condition is copied to the VM, as KubeVirt copies it.
 
 mod act;
 pub mod launcher_pod;
 pub mod schedule;
+pub mod start_failure;
 mod vm_status;
 
 use kube::ResourceExt;
@@ -145,24 +150,38 @@ fn wants_vmi(vm: &VirtualMachine) -> bool {
     matches!(vm.spec.effective_run_strategy(), RunStrategy::Always | RunStrategy::RerunOnFailure | RunStrategy::Once)
 }
 
-/// `status.printableStatus` of the VM (KubeVirt's values).
+/// `status.printableStatus` of the VM (KubeVirt's values, in KubeVirt's order of precedence).
 #[must_use]
 pub fn printable_status(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>, volumes: &Volumes) -> PrintableStatus {
     if vm.metadata.deletion_timestamp.is_some() {
         return PrintableStatus::Terminating;
     }
+    let looping = start_failure::crash_looping(vm);
     match vmi {
         Some(v) if deleting(v) => PrintableStatus::Stopping,
+        Some(v) if v.is_running() && paused(v) => PrintableStatus::Paused,
         Some(v) if v.is_running() => PrintableStatus::Running,
+        Some(v) if finished(v) && looping => PrintableStatus::CrashLoopBackOff,
         Some(v) if finished(v) => PrintableStatus::Stopped,
         Some(v) if unschedulable(v) => PrintableStatus::ErrorUnschedulable,
         Some(_) => PrintableStatus::Starting,
         None => match volumes.printable() {
             Some((s, _)) if wants_vmi(vm) => s,
+            _ if wants_vmi(vm) && looping => PrintableStatus::CrashLoopBackOff,
             _ if wants_vmi(vm) => PrintableStatus::Starting,
             _ => PrintableStatus::Stopped,
         },
     }
+}
+
+/// The VMI's `Paused` condition, when it is `True` (set by the node agent once QEMU's vCPUs
+/// are stopped).
+pub(crate) fn paused_condition(vmi: &VirtualMachineInstance) -> Option<&api::kubevirt::Condition> {
+    vmi.status.as_ref()?.conditions.iter().find(|c| c.type_ == api::vmi_requests::PAUSED_CONDITION && c.status == "True")
+}
+
+fn paused(vmi: &VirtualMachineInstance) -> bool {
+    paused_condition(vmi).is_some()
 }
 
 fn unschedulable(vmi: &VirtualMachineInstance) -> bool {
@@ -295,5 +314,26 @@ mod tests {
         stopping.metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
         assert_eq!(printable_status(&v, Some(&stopping), &Volumes::Ready), PrintableStatus::Stopping);
+        let mut paused = vmi("Running", "a");
+        paused.status.as_mut().unwrap().conditions.push(condition("Paused", true, "PausedByUser", ""));
+        assert_eq!(printable_status(&v, Some(&paused), &Volumes::Ready), PrintableStatus::Paused);
+        paused.status.as_mut().unwrap().conditions[0].status = "False".into();
+        assert_eq!(printable_status(&v, Some(&paused), &Volumes::Ready), PrintableStatus::Running);
+    }
+
+    #[test]
+    fn a_crash_loop_shows_while_no_vmi_runs() {
+        let mut v = vm("Always", json!([]));
+        v.status.as_mut().unwrap().start_failure = Some(api::kubevirt::StartFailure { consecutive_fail_count: 1, ..Default::default() });
+        assert_eq!(printable_status(&v, None, &Volumes::Ready), PrintableStatus::CrashLoopBackOff);
+        assert_eq!(printable_status(&v, Some(&vmi("Failed", "a")), &Volumes::Ready), PrintableStatus::CrashLoopBackOff);
+        assert_eq!(printable_status(&v, Some(&vmi("Scheduled", "b")), &Volumes::Ready), PrintableStatus::Starting);
+        assert_eq!(
+            printable_status(&v, None, &Volumes::WaitingForBinding(String::new())),
+            PrintableStatus::WaitingForVolumeBinding,
+            "the volumes come first, as in KubeVirt"
+        );
+        v.spec.run_strategy = Some("Halted".into());
+        assert_eq!(printable_status(&v, None, &Volumes::Ready), PrintableStatus::Stopped);
     }
 }

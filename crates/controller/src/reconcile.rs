@@ -2,7 +2,8 @@
 //! 1. self-heal: re-add the drive of a marked virtual-media volume that lost it;
 //! 2. legacy `status.volumeRequests`: applied (legacy gate on) or reported;
 //! 3. `dataVolumeTemplates` → DataVolumes;
-//! 4. lifecycle: one [`lifecycle::Step`], and scheduling of a new VMI;
+//! 4. lifecycle: a start failure recorded ([`lifecycle::start_failure`]), else one
+//!    [`lifecycle::Step`], and scheduling of a new VMI;
 //! 5. a one-time boot override set while the VMI runs: marked on the VMI, consumed once the
 //!    node agent reports the guest reset that used it;
 //! 6. declarative hot-plug of the running VMI, its volumes' `Pending`/`Bound` status and (launcher
@@ -13,7 +14,8 @@
 //! Everything is read from the controller's stores ([`crate::cache`]); an object is read from
 //! the API only right before a conditional write. A step that writes ends the pass: its write
 //! wakes the next one (the controller watches VMs, VMIs, claims and DataVolumes), which sees it
-//! in the stores. Every log line of the pass carries the VM (span `vm`).
+//! in the stores. Every log line of the pass carries the VM (span `vm`). A VM waiting out a
+//! crash-loop delay is requeued for the moment it ends (the one timed wake-up).
 
 use std::sync::Arc;
 
@@ -85,7 +87,12 @@ pub(crate) async fn reconcile_vm(vm: Arc<VirtualMachine>, ctx: Arc<Ctx>) -> Resu
     let pass = Pass { vms: Api::namespaced(ctx.client.clone(), &ns), object: format!("{ns}/{name}"), vm: &vm, ctx: &ctx, ns, name };
     let r = pass.run().instrument(span).await;
     crate::metrics::count("vm", r.is_ok());
-    r
+    // While a crash-loop delay runs nothing else may wake the VM: kube-runtime is asked to.
+    // (A margin, so the pass it wakes finds the delay over.)
+    match lifecycle::start_failure::time_left(&vm, jiff::Timestamp::now()) {
+        Some(left) => r.map(|_| Action::requeue(left + std::time::Duration::from_millis(50))),
+        None => r,
+    }
 }
 
 impl Pass<'_> {
@@ -102,8 +109,12 @@ impl Pass<'_> {
         let client = &self.ctx.client;
         lifecycle::create_data_volumes(client, &self.ctx.cache, self.vm).await.map_err(api_err(&self.object, "create its DataVolumes"))?;
         let vmi = self.ctx.cache.vmi(&self.ns, &self.name);
+        if self.record_start_failure(vmi.as_deref()).await? {
+            return Ok(Action::await_change()); // the write wakes the next pass
+        }
         let volumes = lifecycle::volumes(&self.ctx.cache, self.vm);
-        let can_start = volumes == lifecycle::Volumes::Ready && spec_cond.is_none();
+        let backing_off = lifecycle::start_failure::time_left(self.vm, jiff::Timestamp::now()).is_some();
+        let can_start = volumes == lifecycle::Volumes::Ready && spec_cond.is_none() && !backing_off;
         let step = lifecycle::decide(self.vm, vmi.as_deref(), can_start);
         lifecycle::apply(client, &self.ctx.cache, self.vm, vmi.as_deref(), &step, &self.ctx.placement).await?;
         if step != lifecycle::Step::Nothing {
@@ -131,6 +142,34 @@ impl Pass<'_> {
         ];
         lifecycle::write_status(client, self.vm, vmi.as_deref(), &volumes, &extra).await?;
         Ok(Action::await_change())
+    }
+
+    /// Writes `status.startFailure` when `vmi` changes it (a failure before it ran, or a run
+    /// that clears the record), before anything deletes the VMI. Returns whether it wrote.
+    async fn record_start_failure(&self, vmi: Option<&VirtualMachineInstance>) -> Result<bool, VmError> {
+        use lifecycle::start_failure::next;
+        let current = self.vm.status.as_ref().and_then(|s| s.start_failure.clone());
+        let (now, random) = (jiff::Timestamp::now(), rand::random::<u64>());
+        if next(self.vm, vmi, now, random) == current {
+            return Ok(false);
+        }
+        let mut written = None;
+        client::update_status(&self.vms, &self.name, |v: &mut VirtualMachine| {
+            let f = next(v, vmi, now, random);
+            written.clone_from(&f);
+            v.status.get_or_insert_with(Default::default).start_failure = f;
+        })
+        .await
+        .map_err(api_err(&self.object, "record its start failures"))?;
+        match written {
+            Some(f) => tracing::info!(
+                failures = f.consecutive_fail_count,
+                retry_after = f.retry_after_timestamp.as_deref().unwrap_or_default(),
+                "its VMI failed before it ran: the next start waits (CrashLoopBackOff)"
+            ),
+            None => tracing::info!("its VMI ran: the start failures are cleared"),
+        }
+        Ok(true)
     }
 
     /// Whether the VM owns `vmi` (only such a VMI is hot-plugged).

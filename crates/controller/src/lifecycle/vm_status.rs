@@ -1,4 +1,5 @@
-//! The VM's `status`: `printableStatus`, `ready`, `created` and its conditions.
+//! The VM's `status`: `printableStatus`, `ready`, `created` and its conditions (its own, and the
+//! VMI's `Paused`, copied as KubeVirt copies the VMI's conditions).
 
 use kube::api::Api;
 use kube::ResourceExt;
@@ -7,7 +8,7 @@ use api::kubevirt::Condition;
 use api::phases::VmiPhase;
 use api::{VirtualMachine, VirtualMachineInstance};
 
-use super::{api_err, deleting, printable_status, LifecycleError, Volumes};
+use super::{api_err, deleting, paused_condition, printable_status, LifecycleError, Volumes};
 
 fn now() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
@@ -65,6 +66,7 @@ pub async fn write_status(
             condition("Ready", false, "VMINotRunning", &format!("VMI is {phase}"))
         }
     };
+    let paused_cond = vmi.and_then(paused_condition).cloned();
     let volumes_cond = match volumes {
         Volumes::Ready => None,
         other => other.printable().map(|(s, m)| condition("DataVolumesReady", false, s.as_str(), m)),
@@ -83,6 +85,10 @@ pub async fn write_status(
         match &volumes_cond {
             Some(c) => set_condition(&mut s.conditions, c.clone()),
             None => s.conditions.retain(|c| c.type_ != "DataVolumesReady"),
+        }
+        match &paused_cond {
+            Some(c) => set_condition(&mut s.conditions, c.clone()),
+            None => s.conditions.retain(|c| c.type_ != api::vmi_requests::PAUSED_CONDITION),
         }
         for (c, present) in extra {
             if *present {
