@@ -1,9 +1,10 @@
 //! The CLI without KubeVirt's subresources API: on a cluster where `subresources.kubevirt.io` is
 //! not served (no virt-api; virtplug's controller against a plain kube-apiserver), `addvolume`,
-//! `removevolume`, `vm start|stop|restart` make the same change to the VM that the API server's
-//! subresource would, through [`client::update`] (a write conditional on the resourceVersion
-//! read, retried on conflict): the same decisions ([`api::volume_edit`],
-//! [`api::lifecycle_requests`]), the same refusals, no lost concurrent edit.
+//! `removevolume`, `vm start|stop|restart` make the same change to the VM — and `vm pause|
+//! unpause|softreboot` to its VMI — that the API server's subresource would, through
+//! [`client::update`] (a write conditional on the resourceVersion read, retried on conflict):
+//! the same decisions ([`api::volume_edit`], [`api::lifecycle_requests`],
+//! [`api::vmi_requests`]), the same refusals, no lost concurrent edit.
 //!
 //! # Caveats
 //! `--dry-run` is checked here on the VM as read, not by the server's admission. A stop's grace
@@ -34,6 +35,7 @@ pub async fn apply(client: &kube::Client, ns: &str, name: &str, sub: &str, body:
         "start" => lifecycle(client, ns, name, Action::Start, None).await,
         "stop" => lifecycle(client, ns, name, Action::Stop, body.get("gracePeriod").and_then(Value::as_i64)).await,
         "restart" => lifecycle(client, ns, name, Action::Restart, None).await,
+        "pause" | "unpause" | "softreboot" => vmi_action(client, ns, name, sub, dry).await,
         other => bail!("{other} needs the subresources.kubevirt.io API, which this API server does not serve"),
     }
 }
@@ -114,5 +116,25 @@ async fn lifecycle(client: &kube::Client, ns: &str, name: &str, action: Action, 
                 .with_context(|| format!("VM {ns}/{name}"))?;
         }
     }
+    Ok(())
+}
+
+/// `pause`, `unpause`, `softreboot`: the annotation on the VMI ([`api::vmi_requests`]).
+async fn vmi_action(client: &kube::Client, ns: &str, name: &str, sub: &str, dry: bool) -> anyhow::Result<()> {
+    use api::vmi_requests::{decide, Refused, VmiAction};
+    let action = VmiAction::parse(sub).with_context(|| format!("{sub} is not a VMI action"))?;
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), ns);
+    let id = format!("{:016x}", rand::random::<u64>());
+    let edit = |vmi: &mut VirtualMachineInstance| -> Result<(), Refused> {
+        let mut v = serde_json::to_value(&*vmi).map_err(|e| Refused(e.to_string()))?;
+        decide(action, &v, &id)?.apply(&mut v);
+        *vmi = serde_json::from_value(v).map_err(|e| Refused(e.to_string()))?;
+        Ok(())
+    };
+    if dry {
+        let mut vmi = vmis.get(name).await.with_context(|| format!("{sub} {ns}/{name}"))?;
+        return edit(&mut vmi).with_context(|| format!("{sub} {ns}/{name}"));
+    }
+    client::try_update(&vmis, name, &client::UpdateOptions::default(), edit).await.with_context(|| format!("{sub} {ns}/{name}"))?;
     Ok(())
 }

@@ -95,8 +95,11 @@ fn report(output: &str, text: &str, doc: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// PUTs KubeVirt's subresource `sub` of VM `name` — of its VMI (same name) for the VMI
+/// actions (`pause`, `unpause`, `softreboot`), as `virtctl pause vm` does.
 async fn subresource(client: &kube::Client, ns: &str, name: &str, sub: &str, body: &Value) -> anyhow::Result<()> {
-    let path = format!("/apis/subresources.kubevirt.io/v1/namespaces/{ns}/virtualmachines/{name}/{sub}");
+    let plural = if api::vmi_requests::VmiAction::parse(sub).is_some() { "virtualmachineinstances" } else { "virtualmachines" };
+    let path = format!("/apis/subresources.kubevirt.io/v1/namespaces/{ns}/{plural}/{name}/{sub}");
     let req = http::Request::put(&path).header("content-type", "application/json").body(serde_json::to_vec(body)?).context("request")?;
     match client.request_text(req).await {
         Ok(_) => Ok(()),

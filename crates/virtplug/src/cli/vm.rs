@@ -1,5 +1,5 @@
-//! `virtplug vm`: create (from flags or a manifest), list, get, start, stop, restart, delete,
-//! console, port.
+//! `virtplug vm`: create (from flags or a manifest), list, get, start, stop, restart, pause,
+//! unpause, softreboot, delete, console, port.
 
 use std::path::PathBuf;
 
@@ -32,6 +32,13 @@ pub enum Vm {
     },
     /// Restart a VM (the `restart` subresource).
     Restart { name: String },
+    /// Pause a running VM: its vCPUs stop, its memory stays (the VMI's `pause` subresource).
+    Pause { name: String },
+    /// Unpause a paused VM (the VMI's `unpause` subresource).
+    Unpause { name: String },
+    /// Reboot a running VM's guest in place: same VMI, same QEMU (the VMI's `softreboot`
+    /// subresource; a reset, there being no guest agent).
+    Softreboot { name: String },
     /// Delete a VM (its VMI and DataVolume templates go with it).
     Delete { name: String },
     /// Print the VM's BMC address for metal3/Ironic (its Redfish System) and the credentials hint.
@@ -162,6 +169,9 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
             act(&c, &client, &vms, &vmis, name, "stop", grace_period.map_or_else(|| json!({}), |g| json!({"gracePeriod": g}))).await?;
         }
         Vm::Restart { name } => act(&c, &client, &vms, &vmis, name, "restart", json!({})).await?,
+        Vm::Pause { name } => act(&c, &client, &vms, &vmis, name, "pause", json!({})).await?,
+        Vm::Unpause { name } => act(&c, &client, &vms, &vmis, name, "unpause", json!({})).await?,
+        Vm::Softreboot { name } => act(&c, &client, &vms, &vmis, name, "softreboot", json!({})).await?,
         Vm::Delete { name } => {
             let r = vms.delete(name, &DeleteParams::default()).await.map_err(api_err(&format!("delete VM {name}")))?;
             report(&c.output, &format!("virtualmachine/{name} deleted"), &r.either(serde_json::to_value, serde_json::to_value)?)?;
@@ -226,8 +236,9 @@ fn boot_line(vm: &VirtualMachine) -> String {
     }
 }
 
-/// `start`, `stop`, `restart`: the subresource, then (`-o json|yaml`) the VM as the action left
-/// it (its runStrategy or stateChangeRequests).
+/// `start`, `stop`, `restart`, `pause`, `unpause`, `softreboot`: the subresource, then
+/// (`-o json|yaml`) the VM and its VMI as the action left them (the runStrategy or
+/// stateChangeRequests, the VMI's request annotation).
 async fn act(
     c: &Common,
     client: &kube::Client,
@@ -245,7 +256,9 @@ async fn act(
         let vmi = vmis.get_opt(name).await.ok().flatten();
         serde_json::to_value(VmView { vm, vmi })?
     };
-    report(&c.output, &format!("VM {name} was scheduled to {action}"), &doc)
+    // virtctl's words: the VMI actions name the VMI.
+    let kind = if api::vmi_requests::VmiAction::parse(action).is_some() { "VMI" } else { "VM" };
+    report(&c.output, &format!("{kind} {name} was scheduled to {action}"), &doc)
 }
 
 fn build_vm(a: &VmCreate, ns: &str) -> anyhow::Result<VirtualMachine> {
