@@ -1,4 +1,5 @@
-//! KubeVirt's hot-plug subresources on the embedded API server (declarative mode).
+//! KubeVirt's subresources on the embedded API server: hot-plug (declarative mode) and the VMI
+//! actions (`pause`, `unpause`, `softreboot`: what they record on the VMI, and their refusals).
 
 #![allow(clippy::unwrap_used)]
 
@@ -120,4 +121,53 @@ async fn vmi_level_hotplug_only_for_standalone_running_vmis() {
     assert_eq!(put(&s, "virtualmachineinstances/alone/removevolume", &json!({"name": "d"})).await.0, 202);
     let got = serde_json::to_value(vmis.get("alone").await.unwrap()).unwrap();
     assert_eq!(names(&got["spec"], "/volumes"), ["root"]);
+}
+
+/// The VMI actions record the request on the VMI for its node agent, checked against the VMI
+/// as stored (KubeVirt's 409 refusals, 404 for no VMI), listed in discovery; `dryRun` writes
+/// nothing. (What the agent does with them: `vm_actions.rs`, with a real guest.)
+#[tokio::test]
+async fn vmi_actions_record_the_request_and_refuse_as_kubevirt_does() {
+    let s = TestServer::start().await;
+    let vmis: Api<DynamicObject> =
+        Api::namespaced_with(s.client.clone(), "default", &ApiResource::erase::<api::VirtualMachineInstance>(&()));
+    let obj = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "i"},
+        "spec": vm("i")["spec"]["template"]["spec"].clone()});
+    vmis.create(&PostParams::default(), &serde_json::from_value(obj).unwrap()).await.unwrap();
+    let annotations = || async { serde_json::to_value(vmis.get("i").await.unwrap()).unwrap()["metadata"]["annotations"].clone() };
+    let message = |r: (u16, Value)| (r.0, r.1["message"].as_str().unwrap_or_default().to_owned());
+
+    assert_eq!(message(put(&s, "virtualmachineinstances/i/pause", &json!({})).await), (409, "VM is not running".to_owned()));
+    assert_eq!(message(put(&s, "virtualmachineinstances/i/unpause", &json!({})).await), (409, "VMI is not running".to_owned()));
+    assert_eq!(message(put(&s, "virtualmachineinstances/i/softreboot", &json!({})).await), (409, "VM is not running".to_owned()));
+    assert_eq!(put(&s, "virtualmachineinstances/nope/pause", &json!({})).await.0, 404);
+    vmis.patch_status("i", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Running"}}))).await.unwrap();
+
+    let rev = s.revision();
+    assert_eq!(put(&s, "virtualmachineinstances/i/pause", &json!({"dryRun": ["All"]})).await.0, 202);
+    assert_eq!(s.revision(), rev, "dryRun writes nothing");
+    assert_eq!(put(&s, "virtualmachineinstances/i/pause", &json!({})).await.0, 202);
+    assert_eq!(annotations().await["virtplug.io/pause-requested"], "true");
+    assert_eq!(message(put(&s, "virtualmachineinstances/i/pause", &json!({})).await), (409, "VMI is already paused".to_owned()));
+    assert_eq!(message(put(&s, "virtualmachineinstances/i/softreboot", &json!({})).await), (409, "VMI is paused".to_owned()));
+    assert_eq!(put(&s, "virtualmachineinstances/i/unpause", &json!({})).await.0, 202);
+    assert_eq!(annotations().await.get("virtplug.io/pause-requested"), None);
+    assert_eq!(message(put(&s, "virtualmachineinstances/i/unpause", &json!({})).await), (409, "VMI is not paused".to_owned()));
+
+    // Each soft reboot is a new request (the agent carries out each ID once); virtctl sends no
+    // body.
+    let path = format!("{SUB}/virtualmachineinstances/i/softreboot");
+    assert_eq!(s.raw("PUT", &path, "application/json", Vec::new()).await.0, 202);
+    let first = annotations().await["virtplug.io/softreboot-requested"].clone();
+    assert_eq!(put(&s, "virtualmachineinstances/i/softreboot", &json!({})).await.0, 202);
+    let second = annotations().await["virtplug.io/softreboot-requested"].clone();
+    assert!(first.is_string() && second.is_string() && first != second, "{first} {second}");
+
+    // Served on VMIs only, as in KubeVirt (virtctl pause vm goes to the VM's VMI).
+    assert_eq!(put(&s, "virtualmachines/i/pause", &json!({})).await.0, 404);
+    let (_, list) = s.raw("GET", "/apis/subresources.kubevirt.io/v1", "application/json", Vec::new()).await;
+    let listed: Vec<&str> = list["resources"].as_array().unwrap().iter().filter_map(|r| r["name"].as_str()).collect();
+    for sub in ["virtualmachineinstances/pause", "virtualmachineinstances/unpause", "virtualmachineinstances/softreboot"] {
+        assert!(listed.contains(&sub), "{sub} in {listed:?}");
+    }
 }

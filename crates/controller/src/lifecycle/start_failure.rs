@@ -138,16 +138,21 @@ mod tests {
         assert_eq!(backoff_seconds(u32::MAX, u64::MAX), MAX_DELAY_SECONDS, "no overflow");
     }
 
+    #[allow(clippy::needless_pass_by_value)]
     fn vm(strategy: &str, failure: Value) -> VirtualMachine {
-        serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "v", "namespace": "d"},
-            "spec": {"runStrategy": strategy, "template": {"spec": {"domain": {}}}}, "status": {"startFailure": failure}}))
+        serde_json::from_value(
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "v", "namespace": "d"},
+            "spec": {"runStrategy": strategy, "template": {"spec": {"domain": {}}}}, "status": {"startFailure": failure}}),
+        )
         .unwrap()
     }
 
     fn vmi(uid: &str, phase: &str, stamps: &[&str]) -> VirtualMachineInstance {
         let stamps: Vec<Value> = stamps.iter().map(|p| json!({"phase": p, "phaseTransitionTimestamp": "2026-12-01T00:00:00Z"})).collect();
-        serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "v", "uid": uid},
-            "spec": {"domain": {}}, "status": {"phase": phase, "phaseTransitionTimestamps": stamps}}))
+        serde_json::from_value(
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "v", "uid": uid},
+            "spec": {"domain": {}}, "status": {"phase": phase, "phaseTransitionTimestamps": stamps}}),
+        )
         .unwrap()
     }
 
@@ -170,7 +175,11 @@ mod tests {
         let second = next(&recorded, Some(&vmi("b", "Failed", &["Failed"])), now, 0).unwrap();
         assert_eq!((second.consecutive_fail_count, second.retry_after_timestamp.as_deref()), (2, Some("2026-12-01T10:00:40Z")));
         assert_eq!(next(&recorded, Some(&vmi("c", "Running", &["Running"])), now, 0), None, "a VMI that runs clears it");
-        assert_eq!(next(&recorded, Some(&vmi("c", "Failed", &["Running", "Failed"])), now, 0), None, "so does one that ran and then failed");
+        assert_eq!(
+            next(&recorded, Some(&vmi("c", "Failed", &["Running", "Failed"])), now, 0),
+            None,
+            "so does one that ran and then failed"
+        );
         assert_eq!(next(&vm("Halted", serde_json::to_value(&first).unwrap()), None, now, 0), None, "a stop ends the loop");
         assert_eq!(next(&vm("Manual", Value::Null), Some(&vmi("a", "Failed", &["Failed"])), now, 0), None, "Manual never loops");
     }
@@ -188,7 +197,8 @@ mod tests {
 
     #[test]
     fn the_delay_holds_the_start_until_the_retry_time() {
-        let looping = vm("Always", json!({"consecutiveFailCount": 2, "lastFailedVMIUID": "a", "retryAfterTimestamp": "2026-12-01T10:00:40Z"}));
+        let looping =
+            vm("Always", json!({"consecutiveFailCount": 2, "lastFailedVMIUID": "a", "retryAfterTimestamp": "2026-12-01T10:00:40Z"}));
         assert!(crash_looping(&looping));
         assert_eq!(time_left(&looping, at("2026-12-01T10:00:00Z")), Some(Duration::from_secs(40)));
         assert_eq!(time_left(&looping, at("2026-12-01T10:00:40Z")), None);

@@ -105,6 +105,7 @@ pub mod fakenode;
 pub mod forks;
 pub mod guest;
 pub mod kubectl;
+pub mod up;
 pub mod vmops;
 
 /// The kubevirt.io resource of `kind` (`VirtualMachine` or `VirtualMachineInstance`), for
