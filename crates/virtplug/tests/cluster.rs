@@ -487,8 +487,8 @@ fn alive(pid: rustix::process::Pid) -> bool {
 
 /// The CLI on a cluster whose API server has no `subresources.kubevirt.io` (KubeVirt's CRDs, no
 /// virt-api; modelled by `virtplug apiserver --without-kubevirt-subresources`): `vm start`,
-/// `addvolume`, `removevolume`, `vm restart`, `vm stop` make the same changes by editing the VM,
-/// with the same refusals.
+/// `addvolume`, `removevolume`, `vm restart`, `vm stop` make the same changes by editing the VM
+/// (`vm pause`, `vm unpause`, `vm softreboot` by editing its VMI), with the same refusals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_edits_the_vm_where_no_subresources_api_is_served() {
     let c = Cluster::start_with(&["--without-kubevirt-subresources"]).await;
@@ -532,6 +532,25 @@ async fn the_cli_edits_the_vm_where_no_subresources_api_is_served() {
         async move { vmis.get_opt("v").await.ok().flatten().filter(|v| v.uid() != first_uid && v.is_running()) }
     })
     .await;
+    // The VMI actions: the request the subresource would record, on the VMI (the fake node
+    // carries none of them out; `vm_actions.rs` has a real agent do so).
+    let pause_requested =
+        || async { vmis.get("v").await.unwrap().metadata.annotations.unwrap_or_default().get("virtplug.io/pause-requested").cloned() };
+    let (ok, out) = cli(&["vm", "pause", "v"]);
+    assert!(ok && out.contains("VMI v was scheduled to pause"), "{out}");
+    assert_eq!(pause_requested().await.as_deref(), Some("true"));
+    let (ok, out) = cli(&["vm", "pause", "v"]);
+    assert!(!ok && out.contains("VMI is already paused"), "{out}");
+    let (ok, out) = cli(&["vm", "softreboot", "v"]);
+    assert!(!ok && out.contains("VMI is paused"), "{out}");
+    let (ok, out) = cli(&["vm", "unpause", "v"]);
+    assert!(ok, "{out}");
+    assert_eq!(pause_requested().await, None);
+    let (ok, out) = cli(&["vm", "softreboot", "v"]);
+    assert!(ok, "{out}");
+    let ann = vmis.get("v").await.unwrap().metadata.annotations.unwrap_or_default();
+    assert!(ann.contains_key("virtplug.io/softreboot-requested"), "{ann:?}");
+
     let (ok, out) = cli(&["vm", "stop", "v"]);
     assert!(ok, "{out}");
     assert_eq!(vms.get("v").await.unwrap().spec.run_strategy.as_deref(), Some("Halted"));

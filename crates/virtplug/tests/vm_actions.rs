@@ -44,11 +44,12 @@ const PAUSED_REASON: &str = "{.status.conditions[?(@.type==\"Paused\")].reason}"
 /// `virtplug vm pause` stops the guest (its clock: no tick while paused, however long), the
 /// VMI says so (`Paused`/`PausedByUser`, which the node agent sets only once QEMU's `stop`
 /// succeeded) and so does the VM (`printableStatus: Paused`, its own `Paused` condition); a
-/// disk plugged meanwhile is seen by the guest once it runs; `unpause` resumes it where it
-/// stopped (the tick numbering goes on without a gap). Refusals as KubeVirt words them.
+/// disk plugged meanwhile is seen by the guest once it runs; a new agent (after `kill -9` of
+/// `up`) adopts the paused QEMU and leaves it paused; `unpause` resumes it where it stopped
+/// (the tick numbering goes on without a gap). Refusals as KubeVirt words them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_stops_the_guests_clock_and_unpause_resumes_it_where_it_stopped() {
-    let up = Up::start();
+    let mut up = Up::start();
     up.claim("hp", "8Mi", "Filesystem");
     up.vm_with("t1", kernel_args("vp.tick=1"));
     let uid = up.ready("t1").await;
@@ -57,7 +58,6 @@ async fn pause_stops_the_guests_clock_and_unpause_resumes_it_where_it_stopped() 
     let out = up.virtplug(&["vm", "pause", "t1"]);
     assert!(out.contains("VMI t1 was scheduled to pause"), "{out}");
     until_jsonpath(&up, "vmi", "t1", PAUSED_REASON, "PausedByUser").await;
-    let paused_at = Instant::now();
     until_jsonpath(&up, "vm", "t1", "{.status.printableStatus}", "Paused").await;
     until_jsonpath(&up, "vm", "t1", PAUSED_REASON, "PausedByUser").await;
     assert_eq!(jsonpath(&up, "vmi", "t1", "{.status.phase}"), "Running", "a paused VMI is still Running, as in KubeVirt");
@@ -70,13 +70,22 @@ async fn pause_stops_the_guests_clock_and_unpause_resumes_it_where_it_stopped() 
     assert!(!ok && err.contains("VMI is paused"), "{err}");
 
     // Hot-plug while paused: QEMU takes the disk (the volume becomes Ready) with the vCPUs
-    // stopped. That, and the rest of a 3 s window of host time, is the time the guest's clock
-    // must not see.
+    // stopped.
     let disk = json!({"spec": {"template": {"spec": {
         "domain": {"devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}, {"name": "hp", "disk": {"bus": "scsi"}, "serial": "hp"}]}},
         "volumes": [{"name": "hp", "persistentVolumeClaim": {"claimName": "hp", "hotpluggable": true}}]}}}});
     up.kubectl(&["patch", "vm", "t1", "--type=merge", "-p", &disk.to_string()]);
     until_jsonpath(&up, "vmi", "t1", "{.status.volumeStatus[?(@.name==\"hp\")].phase}", "Ready").await;
+    // A new agent adopts the paused QEMU and asks it, rather than resuming it: from then on, a
+    // 3 s window of host time that the guest's clock must not see.
+    up.kill9();
+    up.spawn();
+    common::wait_until(SEE, "the new agent to find the guest paused", || {
+        let seen = std::fs::read_to_string(up.dir.path().join("stderr.log")).unwrap_or_default().contains("QEMU reports the guest paused");
+        async move { seen.then_some(()) }
+    })
+    .await;
+    let paused_at = Instant::now();
     let window = Duration::from_secs(3);
     if let Some(rest) = window.checked_sub(paused_at.elapsed()) {
         tokio::time::sleep(rest).await; // the measurement window itself, not a synchronisation

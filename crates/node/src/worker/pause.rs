@@ -68,7 +68,12 @@ pub(super) async fn follow(shared: &Shared, vmi: &VirtualMachineInstance, machin
     let now = match *paused {
         Some(p) => p,
         None => match machine.paused().await {
-            Ok(p) => p,
+            Ok(p) => {
+                if p {
+                    tracing::info!("QEMU reports the guest paused (query-status)");
+                }
+                p
+            }
             Err(e) => {
                 tracing::warn!("cannot ask QEMU whether the guest is paused: {e}");
                 return;
