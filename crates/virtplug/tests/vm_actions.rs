@@ -188,7 +188,9 @@ async fn a_vm_that_fails_at_once_is_restarted_with_growing_delays_until_it_runs(
     let up = Up::start();
     let kernel = up.dir.path().join("vmlinuz-later");
     let missing = kernel.clone();
-    up.vm_with("c1", move |vm| vm["spec"]["template"]["spec"]["domain"]["firmware"]["kernelBoot"]["container"]["kernelPath"] = json!(missing));
+    up.vm_with("c1", move |vm| {
+        vm["spec"]["template"]["spec"]["domain"]["firmware"]["kernelBoot"]["container"]["kernelPath"] = json!(missing);
+    });
     let created = time(up.json(&["get", "vm", "c1"])["metadata"]["creationTimestamp"].as_str().unwrap());
 
     // The status as the controller wrote it at `count` failures.
