@@ -49,6 +49,13 @@ done | awk '!seen[$0]++' | while read -r ko; do
   cp "$ko" "$root/modules/$name.ko"
   echo "$name" >> "$root/modules.order"
 done
+# The ACPI power button's driver and the input device it reports on, loaded only by guests
+# booted with vp.acpi=1 (tests/guest/init), so they are not in modules.order.
+for m in button evdev; do
+  modprobe -d "$work/k" -S "$kver" --show-depends "$m" | awk '/^insmod/ {print $2}' | while read -r ko; do
+    cp "$ko" "$root/modules/$(basename "$ko")"
+  done
+done
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -9) > "$work/initramfs.cpio.gz"
 cp "$work/k/boot/vmlinuz-$kver" "$work/vmlinuz"
 # Bootable ISO of the same guest.
