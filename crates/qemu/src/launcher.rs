@@ -8,18 +8,36 @@
 //!    both the pod and the node agent see.
 //! 2. The agent connects and sends one [`Request`]: QEMU's arguments as a JSON line, with the
 //!    fd of `qemu.log` (QEMU's stdout and stderr) as SCM_RIGHTS on the same `sendmsg`.
-//! 3. The launcher checks the arguments ([`crate::cmdline::audit`]), spawns QEMU as its child
-//!    (no `-daemonize`, no new session: it stays in the pod's cgroup, and
-//!    `PR_SET_PDEATHSIG=SIGKILL` kills it if the launcher dies), and answers `{"pid": N}` or
-//!    `{"error": "..."}`. QEMU writes its pidfile itself (`-pidfile`), so adoption after an
-//!    agent restart ([`crate::process::adopt`]) works as for a QEMU the agent started.
-//! 4. The launcher exits with QEMU's exit status when QEMU exits; SIGTERM (the pod deleted) is
-//!    forwarded to QEMU, which exits at once; the kubelet's SIGKILL after the grace kills the
-//!    launcher, and PDEATHSIG QEMU.
+//! 3. The launcher checks the arguments ([`crate::cmdline::audit`], and that none names its own
+//!    monitor), adds its own QMP monitor ([`MONITOR`]), spawns QEMU as its child (no
+//!    `-daemonize`, no new session: it stays in the pod's cgroup, and `PR_SET_PDEATHSIG=SIGKILL`
+//!    kills it if the launcher dies), and answers `{"pid": N}` or `{"error": "..."}`. N is
+//!    QEMU's PID in the launcher's PID namespace, for the logs: the agent learns QEMU's PID as
+//!    it sees it from the peer credentials of its QMP connection ([`crate::process`]), and the
+//!    launcher's from those of this socket. Adoption after an agent restart
+//!    ([`crate::process::adopt`]) works as for a QEMU the agent started.
+//! 4. The launcher exits with QEMU's exit status when QEMU exits.
+//!
+//! # Stopping (the pod deleted: SIGTERM)
+//! As KubeVirt's virt-launcher: the guest is asked to power off (ACPI power button, QMP
+//! `system_powerdown` on the launcher's own monitor) and gets the VMI's
+//! `terminationGracePeriodSeconds` (`--grace-period-seconds`, written into the pod by the
+//! controller; 0 skips the request) to do it; then QEMU gets SIGTERM (it quits at once, as
+//! QMP `quit`) and [`crate::process::QUIT_DEADLINE`] later SIGKILL — the node agent's stop
+//! sequence on VMI deletion, through the same QMP command. The pod's own grace is longer
+//! (the controller adds a margin), so the kubelet's SIGKILL comes after all of this.
+//!
+//! Why a monitor of its own: QEMU serves one client per monitor and the node agent holds
+//! `qmp.sock` for as long as the VM runs; asking the agent instead would make stopping a pod
+//! depend on the agent being up (it may be restarting: VMs must not care). The launcher's
+//! monitor is a second `-chardev socket` + `-mon` pair that only the launcher adds and only it
+//! connects to; the agent's arguments may not name it.
 //!
 //! # Guarantees
 //! - One QEMU per launcher: a second request is answered with an error naming the running PID.
 //! - A request with unknown fields, or without exactly one fd, is refused, not guessed at.
+//! - A request whose arguments name the launcher's monitor (its chardev id or socket) is
+//!   refused: that monitor is the launcher's way to stop the guest and no one else's.
 //!
 //! # Caveats
 //! The launcher trusts whoever can connect: the socket is in the 0700 run dir, reachable only
@@ -38,6 +56,20 @@ use tokio::net::{UnixListener, UnixStream};
 
 /// The launcher's socket, in the VMI's run dir.
 pub const SOCKET: &str = "launcher.sock";
+
+/// The launcher's own QMP monitor socket, in the VMI's run dir (QEMU listens, the launcher
+/// connects when it stops the guest).
+pub const MONITOR: &str = "launcher-qmp.sock";
+
+/// The chardev id of the launcher's monitor.
+const MONITOR_ID: &str = "launcher-qmp";
+
+/// How long the launcher tries to reach its monitor when stopping (QEMU creates it at start-up;
+/// a SIGTERM right after the spawn may come before).
+const MONITOR_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The stop grace when none is given: KubeVirt's default `terminationGracePeriodSeconds`.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
 /// How long the agent waits for the launcher's answer (spawning QEMU is quick; its start-up is
 /// waited for on QMP afterwards).
@@ -77,15 +109,24 @@ pub struct Request {
     pub args: Vec<String>,
 }
 
-/// Sends `request` with `log` (QEMU's stdout and stderr) to the launcher at `socket`; returns
-/// QEMU's PID.
+/// What the launcher answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Started {
+    /// The launcher's PID as the caller sees it (the peer of its socket, `SO_PEERCRED`).
+    pub launcher_pid: i32,
+    /// QEMU's PID in the launcher's PID namespace (as it reported it; for the logs only).
+    pub pid_in_pod: i32,
+}
+
+/// Sends `request` with `log` (QEMU's stdout and stderr) to the launcher at `socket`.
 ///
 /// # Errors
 /// `Io` (no launcher listening: the caller waits and retries), `Timeout`, `Refused` with the
 /// launcher's reason.
-pub async fn hand_over(socket: &Path, request: &Request, log: &std::fs::File) -> Result<i32, LauncherError> {
+pub async fn hand_over(socket: &Path, request: &Request, log: &std::fs::File) -> Result<Started, LauncherError> {
     let io_err = |source| LauncherError::Io { path: socket.to_owned(), source };
     let stream = connect(socket).await.map_err(io_err)?;
+    let launcher_pid = rustix::net::sockopt::socket_peercred(&stream).map_err(|e| io_err(e.into()))?.pid.as_raw_nonzero().get();
     let mut line = serde_json::to_vec(request).map_err(|e| io_err(io::Error::other(e)))?;
     line.push(b'\n');
     let mut sent = 0;
@@ -111,7 +152,8 @@ pub async fn hand_over(socket: &Path, request: &Request, log: &std::fs::File) ->
         Err(_) => return Err(LauncherError::Timeout { path: socket.to_owned() }),
         Ok(r) => r.map_err(io_err)?,
     };
-    parse_answer(socket, &answer)
+    let pid_in_pod = parse_answer(socket, &answer)?;
+    Ok(Started { launcher_pid, pid_in_pod })
 }
 
 /// Connects to `socket`; a socket that exists but refuses (bound, not yet listening: the
@@ -181,14 +223,46 @@ async fn read_request(stream: &UnixStream) -> Result<(Request, OwnedFd), Launche
     }
 }
 
-/// Spawns QEMU as a child of this process, its stdout and stderr on `log`.
-fn spawn_qemu(req: &Request, log: OwnedFd) -> Result<tokio::process::Child, String> {
+/// The arguments of the launcher's own QMP monitor, on `RUN_DIR/launcher-qmp.sock`.
+fn monitor_args(run_dir: &Path) -> Vec<String> {
+    let path = run_dir.join(MONITOR).display().to_string();
+    let chardev = crate::opts::Opts::implied("socket").set("id", MONITOR_ID).set("path", &path).set("server", "on").set("wait", "off");
+    vec!["-chardev".to_owned(), chardev.build(), "-mon".to_owned(), format!("chardev={MONITOR_ID},mode=control")]
+}
+
+/// Refuses arguments that name the launcher's monitor: a `-chardev` with its id or a socket of
+/// its name, a `-mon` on its chardev.
+fn refuse_own_monitor(args: &[String]) -> Result<(), String> {
+    for w in args.windows(2) {
+        let (flag, arg) = (w[0].as_str(), w[1].as_str());
+        let named = match flag {
+            "-chardev" => crate::opts::parse(arg).into_iter().any(|(k, v)| match k.as_deref() {
+                Some("id") => v == MONITOR_ID,
+                Some("path") => Path::new(&v).file_name().is_some_and(|n| n == MONITOR),
+                _ => false,
+            }),
+            "-mon" => crate::opts::parse(arg).into_iter().any(|(k, v)| k.as_deref() == Some("chardev") && v == MONITOR_ID),
+            _ => false,
+        };
+        if named {
+            return Err(format!(
+                "{flag} {arg}: names the launcher's own monitor ({MONITOR_ID}, {MONITOR}), which the launcher adds itself"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Spawns QEMU as a child of this process, its stdout and stderr on `log`, with the launcher's
+/// monitor added to the agent's arguments.
+fn spawn_qemu(req: &Request, log: OwnedFd, run_dir: &Path) -> Result<tokio::process::Child, String> {
     crate::cmdline::audit(&req.args).map_err(|e| format!("refusing to start QEMU: {e}"))?;
+    refuse_own_monitor(&req.args).map_err(|e| format!("refusing to start QEMU: {e}"))?;
     let log = std::fs::File::from(log);
     let stdout = log.try_clone().map_err(|e| format!("cannot duplicate the log fd: {e}"))?;
     let binary = crate::process::qemu_binary();
     let mut cmd = tokio::process::Command::new(&binary);
-    cmd.args(&req.args).current_dir("/").stdin(std::process::Stdio::null()).stdout(stdout).stderr(log);
+    cmd.args(&req.args).args(monitor_args(run_dir)).current_dir("/").stdin(std::process::Stdio::null()).stdout(stdout).stderr(log);
     let parent = rustix::process::getpid();
     // SAFETY: the closure runs in the forked child between fork and exec, where only
     // async-signal-safe work is allowed: two raw system calls (prctl, getppid), no allocation.
@@ -225,13 +299,38 @@ pub enum Ended {
     Stopped,
 }
 
+/// Asks the guest to power off through the launcher's monitor (see the module docs).
+async fn ask_powerdown(monitor: PathBuf) -> Result<(), crate::qmp::QmpError> {
+    let qmp = crate::qmp::Qmp::connect_within(&monitor, MONITOR_DEADLINE).await?;
+    qmp.execute("system_powerdown", json!({})).await?;
+    Ok(())
+}
+
+/// Sends `signal` to the child `child` (by its PID, while it is not reaped).
+fn signal_child(child: Option<&tokio::process::Child>, signal: rustix::process::Signal) {
+    if let Some(pid) =
+        child.and_then(tokio::process::Child::id).and_then(|p| i32::try_from(p).ok()).and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+}
+
+/// Sleeps until `at`, forever without one.
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The launcher's main loop: listens on `RUN_DIR/launcher.sock`, starts QEMU on the first valid
-/// request, and returns when QEMU exits (or on SIGTERM/SIGINT before it started). Run it on a
+/// request, and returns when QEMU exits (or on SIGTERM/SIGINT before it started). On SIGTERM
+/// (or SIGINT) QEMU is stopped as the module docs say, the guest given `grace`. Run it on a
 /// current-thread runtime (see [`spawn_qemu`] on PDEATHSIG).
 ///
 /// # Errors
 /// `Listen` when the socket cannot be created.
-pub async fn serve(run_dir: &Path) -> Result<Ended, LauncherError> {
+pub async fn serve(run_dir: &Path, grace: Duration) -> Result<Ended, LauncherError> {
     use std::os::unix::fs::DirBuilderExt;
     use tokio::signal::unix::{signal, SignalKind};
     let path = run_dir.join(SOCKET);
@@ -247,6 +346,9 @@ pub async fn serve(run_dir: &Path) -> Result<Ended, LauncherError> {
     tracing::info!("waiting for the node agent on {}", path.display());
     let mut child: Option<tokio::process::Child> = None;
     let mut stopping = false;
+    // The stop's steps: the power-off request, SIGTERM to QEMU when the grace is over, SIGKILL.
+    let mut powerdown: Option<tokio::task::JoinHandle<Result<(), crate::qmp::QmpError>>> = None;
+    let (mut force_at, mut kill_at, mut stop_begun) = (None, None, false);
     let ended = loop {
         let exited = async {
             match child.as_mut() {
@@ -278,7 +380,7 @@ pub async fn serve(run_dir: &Path) -> Result<Ended, LauncherError> {
                 }
                 let reply = match read_request(&stream).await {
                     Err(e) => json!({"error": e.to_string()}),
-                    Ok((req, log)) => match spawn_qemu(&req, log) {
+                    Ok((req, log)) => match spawn_qemu(&req, log, run_dir) {
                         Ok(c) => {
                             let pid = c.id().unwrap_or_default();
                             tracing::info!("QEMU started as PID {pid}");
@@ -290,20 +392,41 @@ pub async fn serve(run_dir: &Path) -> Result<Ended, LauncherError> {
                 };
                 answer(&mut stream, &reply).await;
             }
+            asked = async { match powerdown.as_mut() { Some(h) => h.await, None => std::future::pending().await } } => {
+                powerdown = None;
+                // The request failed (the monitor cannot be reached, QEMU refused): waiting
+                // for a guest that was not asked helps no one.
+                if let Ok(Err(e)) = asked {
+                    tracing::warn!("cannot ask the guest to power off ({e}): stopping QEMU now");
+                    force_at = Some(tokio::time::Instant::now());
+                }
+            }
+            () = until(force_at) => {
+                tracing::info!("the guest did not power off within its grace period ({grace:?}): stopping QEMU");
+                signal_child(child.as_ref(), rustix::process::Signal::TERM);
+                force_at = None;
+                kill_at = Some(tokio::time::Instant::now() + crate::process::QUIT_DEADLINE);
+            }
+            () = until(kill_at) => {
+                tracing::warn!("QEMU did not quit within {:?} of SIGTERM: killing it", crate::process::QUIT_DEADLINE);
+                signal_child(child.as_ref(), rustix::process::Signal::KILL);
+                kill_at = None;
+            }
             _ = term.recv() => stopping = true,
             _ = int.recv() => stopping = true,
         }
-        if stopping {
-            match child.as_ref().and_then(tokio::process::Child::id) {
-                // The pod is deleted: QEMU stops now (it exits cleanly on SIGTERM); the
-                // launcher follows when it has.
-                Some(pid) => {
-                    tracing::info!("SIGTERM: stopping QEMU {pid}");
-                    if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
-                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-                    }
-                }
-                None => break Ended::Stopped,
+        if stopping && !stop_begun {
+            stop_begun = true;
+            let Some(pid) = child.as_ref().and_then(tokio::process::Child::id) else { break Ended::Stopped };
+            // The pod is deleted: the guest is asked to power off and given its grace; the
+            // launcher exits with QEMU.
+            if grace.is_zero() {
+                tracing::info!("stopping QEMU {pid} (grace period 0)");
+                force_at = Some(tokio::time::Instant::now());
+            } else {
+                tracing::info!("stopping: asking the guest of QEMU {pid} to power off (grace period {grace:?})");
+                powerdown = Some(tokio::spawn(ask_powerdown(run_dir.join(MONITOR))));
+                force_at = Some(tokio::time::Instant::now() + grace);
             }
         }
     };
@@ -335,10 +458,34 @@ mod tests {
         };
         let request = Request { args: vec!["-name".into(), "guest=x".into()] };
         let (got, pid) = tokio::join!(server, hand_over(&sock, &request, &log));
-        assert_eq!((got, pid.unwrap()), (request, 4242));
+        // The launcher's PID is the socket's peer, as this process sees it (here: itself).
+        let me = rustix::process::getpid().as_raw_nonzero().get();
+        assert_eq!((got, pid.unwrap()), (request, Started { launcher_pid: me, pid_in_pod: 4242 }));
         assert!(serde_json::from_str::<Request>(r#"{"args": [], "binary": "/bin/sh"}"#).is_err(), "unknown fields are refused");
         assert!(
             matches!(parse_answer(&sock, r#"{"error": "QEMU already runs as PID 7"}"#), Err(LauncherError::Refused { message, .. }) if message.contains("PID 7"))
         );
+    }
+
+    /// The launcher's own monitor passes the audit QEMU's other arguments pass, and the agent's
+    /// arguments may not name it: not its chardev id, not its socket (under any directory), not
+    /// a `-mon` on it. Other chardevs and monitors (the agent's `qmp.sock`) are left alone.
+    #[test]
+    fn the_launchers_monitor_is_its_own() {
+        let own = monitor_args(Path::new("/run/vmis/u1"));
+        assert_eq!(own[1], "socket,id=launcher-qmp,path=/run/vmis/u1/launcher-qmp.sock,server=on,wait=off");
+        crate::cmdline::audit(&own).unwrap();
+        assert!(refuse_own_monitor(&own).is_err(), "the launcher's own arguments are exactly what the agent may not send");
+        let agent = |a: &str, b: &str| vec![a.to_owned(), b.to_owned()];
+        refuse_own_monitor(&agent("-chardev", "socket,id=qmp0,path=/run/vmis/u1/qmp.sock,server=on,wait=off")).unwrap();
+        refuse_own_monitor(&agent("-mon", "chardev=qmp0,mode=control")).unwrap();
+        for (flag, arg) in [
+            ("-chardev", "socket,id=x,path=/tmp/launcher-qmp.sock,server=on,wait=off"),
+            ("-chardev", "socket,id=launcher-qmp,path=/tmp/other.sock,server=on,wait=off"),
+            ("-mon", "chardev=launcher-qmp,mode=control"),
+        ] {
+            let e = refuse_own_monitor(&agent(flag, arg)).unwrap_err();
+            assert!(e.contains("the launcher's own monitor"), "{flag} {arg}: {e}");
+        }
     }
 }

@@ -1,5 +1,15 @@
 //! The QEMU process: launched in a session of its own (so it survives a restart of whoever
-//! launched it), identified by its pidfile, adopted again after a restart, stopped by PID.
+//! launched it), identified by its QMP socket's peer credentials (or its pidfile), adopted again
+//! after a restart, stopped by PID.
+//!
+//! # PIDs across PID namespaces
+//! A QEMU started by a launcher pod ([`crate::launcher`]) may live in the pod's PID namespace:
+//! the PID it writes into its pidfile (and the one the launcher reports) is its PID *there*,
+//! meaningless to the node agent. The kernel translates the PID of a unix socket's peer
+//! (`SO_PEERCRED`) into the namespace of the process that asks, and QEMU itself listens on
+//! `qmp.sock`: the peer of a connection to it is QEMU, as the agent sees it. That PID is what a
+//! [`Process`] holds; a PID, from either source, is used only once `/proc/PID/cmdline` names this
+//! run dir's pidfile (so a reused PID, or a PID from another namespace, is never taken for it).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -51,6 +61,10 @@ pub struct Process {
 
 /// How long QEMU may take from exec to answering on QMP.
 const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// How long a QEMU told to quit (QMP `quit`, or SIGTERM) gets before SIGKILL, once the guest's
+/// grace is over: the node agent's stop and the launcher's use the same.
+pub const QUIT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Starts QEMU for `spec` and returns once it answers on its QMP socket.
 ///
@@ -127,20 +141,19 @@ pub async fn launch_with(spec: &LaunchSpec, starter: Starter) -> Result<Process,
     }
     let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn { binary: binary.clone(), source })?;
     let qmp_socket = spec.qmp_socket();
-    // Why it did not come up, or `None` once it answers on QMP.
+    // Its QMP connection once it answers, or why it did not come up.
     let failed = tokio::select! {
         status = child.wait() => {
-            Some(status.map_or_else(|e| format!("cannot wait for it ({e}); "), |s| if s.success() { String::new() } else { format!("{s}: ") }))
+            Err(status.map_or_else(|e| format!("cannot wait for it ({e}); "), |s| if s.success() { String::new() } else { format!("{s}: ") }))
         }
-        qmp = crate::qmp::Qmp::connect_within(&qmp_socket, STARTUP_DEADLINE) => qmp.err().map(|e| {
+        qmp = crate::qmp::Qmp::connect_within(&qmp_socket, STARTUP_DEADLINE) => qmp.map_err(|e| {
             let _ = child.start_kill();
             format!("it did not answer on QMP within {STARTUP_DEADLINE:?} ({e}); ")
         }),
     };
-    let Some(why) = failed else {
-        let run_dir = spec.run_dir.clone();
-        let adopted = tokio::task::spawn_blocking(move || adopt(&run_dir)).await;
-        return adopted.unwrap_or_else(|e| Err(ProcessError::NotRunning { run_dir: spec.run_dir.clone(), why: e.to_string() }));
+    let why = match failed {
+        Ok(qmp) => return identify(&qmp, &spec.run_dir).await,
+        Err(why) => why,
     };
     // QEMU's own message is the end of its log.
     let log = tokio::fs::read_to_string(&log_path).await.unwrap_or_default();
@@ -148,7 +161,10 @@ pub async fn launch_with(spec: &LaunchSpec, starter: Starter) -> Result<Process,
 }
 
 /// The launcher's half of [`launch_with`]: the arguments and the log's fd to the launcher, then
-/// the same wait as for a QEMU of our own (QMP answers, or the process is gone).
+/// the same wait as for a QEMU of our own (QMP answers, or the process is gone). The PID the
+/// launcher answers is QEMU's in the pod's PID namespace; "gone" is watched on the launcher
+/// itself (its PID as this process sees it, from `SO_PEERCRED`): it exits with QEMU, and QEMU
+/// dies with it (`PDEATHSIG`).
 async fn hand_over(
     spec: &LaunchSpec,
     socket: &Path,
@@ -157,19 +173,16 @@ async fn hand_over(
     log_path: &Path,
 ) -> Result<Process, ProcessError> {
     let failed = |why: String| ProcessError::Failed { name: spec.name.clone(), stderr: why };
-    let pid = crate::launcher::hand_over(socket, &crate::launcher::Request { args }, log)
+    let started = crate::launcher::hand_over(socket, &crate::launcher::Request { args }, log)
         .await
         .map_err(|e| failed(format!("the launcher did not start QEMU: {e}")))?;
-    let started = Process { pid, run_dir: spec.run_dir.clone() };
+    tracing::debug!(launcher = started.launcher_pid, qemu_in_pod = started.pid_in_pod, "the launcher started QEMU");
+    let launcher = Process { pid: started.launcher_pid, run_dir: spec.run_dir.clone() };
     let qmp_socket = spec.qmp_socket();
     let why = tokio::select! {
-        _ = started.wait_gone(STARTUP_DEADLINE) => "QEMU exited at once: ".to_owned(),
+        _ = launcher.wait_gone(STARTUP_DEADLINE) => "QEMU exited at once (its launcher is gone): ".to_owned(),
         qmp = crate::qmp::Qmp::connect_within(&qmp_socket, STARTUP_DEADLINE) => match qmp {
-            Ok(_) => {
-                let run_dir = spec.run_dir.clone();
-                let adopted = tokio::task::spawn_blocking(move || adopt(&run_dir)).await;
-                return adopted.unwrap_or_else(|e| Err(ProcessError::NotRunning { run_dir: spec.run_dir.clone(), why: e.to_string() }));
-            }
+            Ok(qmp) => return identify(&qmp, &spec.run_dir).await,
             Err(e) => format!("it did not answer on QMP within {STARTUP_DEADLINE:?} ({e}); "),
         },
     };
@@ -227,28 +240,75 @@ fn tighten(path: &Path, mode: u32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Finds the QEMU of `run_dir` from its pidfile, checking that the PID still is that QEMU
-/// (its command line names the run dir), so a reused PID is never taken for it.
+/// The QEMU answering on `qmp` (a fresh connection to the QMP socket of `run_dir`), by its
+/// peer credentials (see the module docs), checked against `/proc`.
+async fn identify(qmp: &crate::qmp::Qmp, run_dir: &Path) -> Result<Process, ProcessError> {
+    let not = |why: String| ProcessError::NotRunning { run_dir: run_dir.to_owned(), why };
+    let pid = qmp.peer_pid().map_err(|e| not(format!("cannot read the QMP socket's peer credentials: {e}")))?;
+    let (dir, pidfile) = (run_dir.to_owned(), run_dir.join("qemu.pid"));
+    let ours = tokio::task::spawn_blocking(move || is_qemu_of(pid, &pidfile)).await.map_err(|e| not(e.to_string()))?;
+    ours.map_err(not)?;
+    Ok(Process { pid, run_dir: dir })
+}
+
+/// Checks that process `pid` (in this process's PID namespace) is the QEMU whose `-pidfile` is
+/// `pidfile`; the reason when it is not.
+fn is_qemu_of(pid: i32, pidfile: &Path) -> Result<(), String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).map_err(|_| format!("process {pid} is gone"))?;
+    let needle = pidfile.display().to_string();
+    if String::from_utf8_lossy(&cmdline).split('\0').any(|a| a == needle) {
+        Ok(())
+    } else {
+        Err(format!("process {pid} is not this VM's QEMU"))
+    }
+}
+
+/// The PID (in this process's namespace) of whoever listens on `socket`: the peer credentials
+/// of a connection made for that and closed at once. The connect does not block: while another
+/// client holds QEMU's one QMP connection, a connect that finds QEMU's backlog full fails
+/// (`EAGAIN`) instead of waiting for that client to leave.
 ///
 /// # Errors
-/// `NotRunning` with the reason.
+/// When the socket cannot be reached.
+pub fn listener_pid(socket: &Path) -> std::io::Result<i32> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC, None)?;
+    rustix::net::connect(&fd, &SocketAddrUnix::new(socket)?)?;
+    Ok(rustix::net::sockopt::socket_peercred(&fd)?.pid.as_raw_nonzero().get())
+}
+
+/// Finds the QEMU of `run_dir`: the PID in its pidfile (right when QEMU shares this process's
+/// PID namespace), else the peer of its QMP socket ([`listener_pid`]: a launcher pod's QEMU in a
+/// PID namespace of its own). Either is checked to be that QEMU (its command line names the
+/// run dir's pidfile), so a reused PID, or a PID of another namespace, is never taken for it.
+///
+/// # Errors
+/// `NotRunning` with the reasons.
 pub fn adopt(run_dir: &Path) -> Result<Process, ProcessError> {
     let not = |why: String| ProcessError::NotRunning { run_dir: run_dir.to_owned(), why };
-    let text = std::fs::read_to_string(run_dir.join("qemu.pid")).map_err(|e| not(format!("no pidfile ({e})")))?;
-    let pid: i32 = text.trim().parse().map_err(|_| not(format!("pidfile holds {text:?}")))?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).map_err(|_| not(format!("process {pid} is gone")))?;
-    let needle = run_dir.join("qemu.pid").display().to_string();
-    if !String::from_utf8_lossy(&cmdline).split('\0').any(|a| a == needle) {
-        return Err(not(format!("process {pid} is not this VM's QEMU")));
+    let pidfile = run_dir.join("qemu.pid");
+    let by_pidfile = std::fs::read_to_string(&pidfile)
+        .map_err(|e| format!("no pidfile ({e})"))
+        .and_then(|t| t.trim().parse::<i32>().map_err(|_| format!("pidfile holds {t:?}")))
+        .and_then(|pid| is_qemu_of(pid, &pidfile).map(|()| pid));
+    let why_pidfile = match by_pidfile {
+        Ok(pid) => return Ok(Process { pid, run_dir: run_dir.to_owned() }),
+        Err(why) => why,
+    };
+    let by_peer = listener_pid(&run_dir.join("qmp.sock"))
+        .map_err(|e| format!("QMP socket: {e}"))
+        .and_then(|pid| is_qemu_of(pid, &pidfile).map(|()| pid));
+    match by_peer {
+        Ok(pid) => Ok(Process { pid, run_dir: run_dir.to_owned() }),
+        Err(why_peer) => Err(not(format!("{why_pidfile}; {why_peer}"))),
     }
-    Ok(Process { pid, run_dir: run_dir.to_owned() })
 }
 
 impl Process {
     /// Whether the process is still this QEMU.
     #[must_use]
     pub fn alive(&self) -> bool {
-        adopt(&self.run_dir).is_ok_and(|p| p.pid == self.pid)
+        is_qemu_of(self.pid, &self.run_dir.join("qemu.pid")).is_ok()
     }
 
     /// SIGKILL, by PID (checked to still be this QEMU), then wait until it is gone.

@@ -16,6 +16,10 @@ pub struct LauncherArgs {
     /// The VMI's run dir (a hostPath the node agent sees at the same path).
     #[arg(long)]
     run_dir: PathBuf,
+    /// How long the guest gets to power off when the pod is deleted (SIGTERM) before QEMU is
+    /// stopped: the VMI's `terminationGracePeriodSeconds` (KubeVirt's default, 30).
+    #[arg(long, default_value_t = qemu::launcher::DEFAULT_GRACE.as_secs())]
+    grace_period_seconds: u64,
 }
 
 /// Runs the launcher on a current-thread runtime; the exit code is QEMU's (0 when stopped
@@ -30,7 +34,7 @@ pub fn main(args: &LauncherArgs) -> ExitCode {
     };
     let span = tracing::info_span!("launcher", vmi.uid = %args.uid);
     let _entered = span.enter();
-    match runtime.block_on(qemu::launcher::serve(&args.run_dir)) {
+    match runtime.block_on(qemu::launcher::serve(&args.run_dir, std::time::Duration::from_secs(args.grace_period_seconds))) {
         Ok(qemu::launcher::Ended::Qemu(code)) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Ok(qemu::launcher::Ended::Stopped) => ExitCode::SUCCESS,
         Err(e) => {

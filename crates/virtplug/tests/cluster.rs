@@ -5,7 +5,7 @@
 //! by the test (`common::fakenode::kubelet` and the `KubeletReady`/`MemoryPressure` conditions
 //! below); where no guest is needed, `common::fakenode` plays the node agent; for launcher pods,
 //! [`standins::scheduler`] plays kube-scheduler and [`standins::kubelet`] each node's kubelet
-//! (pods as local processes). Everything else is the real binary: leader election on a real
+//! (pods as local processes; a launcher pod in a PID namespace of its own). Everything else is the real binary: leader election on a real
 //! Lease, real heartbeats, real launchers, real QEMU (TCG) guests.
 
 #![allow(clippy::unwrap_used)]
@@ -104,19 +104,17 @@ struct Cluster {
 
 impl Drop for Cluster {
     /// The guests outlive their agents by design: stop every QEMU this test's nodes started (by
-    /// the PIDs in their run dirs, checked against the process's command line so a reused PID is
-    /// left alone), even when the test failed.
+    /// PID as the agent finds it, `qemu::process::adopt`: checked against the process's command
+    /// line so a reused PID is left alone), even when the test failed.
     fn drop(&mut self) {
         let Ok(nodes) = std::fs::read_dir(self.dir.path()) else { return };
         for node in nodes.flatten() {
             let Ok(runs) = std::fs::read_dir(node.path().join("node/vmis")) else { continue };
             for run in runs.flatten() {
-                let pidfile = run.path().join("qemu.pid");
-                let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|t| t.trim().parse::<i32>().ok()) else { continue };
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                let ours = String::from_utf8_lossy(&cmdline).contains(pidfile.to_str().unwrap_or("-"));
-                if let (true, Some(pid)) = (ours, rustix::process::Pid::from_raw(pid)) {
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                if let Ok(p) = qemu::process::adopt(&run.path()) {
+                    if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
                 }
             }
         }
@@ -428,6 +426,9 @@ async fn launcher_pods_are_placed_by_the_scheduler_and_own_their_qemu() {
     })
     .await;
     let qemu = qemu_pid(&run_dir);
+    let in_pod: i32 = std::fs::read_to_string(run_dir.join("qemu.pid")).unwrap().trim().parse().unwrap();
+    assert_ne!(in_pod, qemu.as_raw_nonzero().get(), "the pod's PID namespace: QEMU's pidfile holds its PID there, not here");
+    n2.line(&format!("QEMU {} started", qemu.as_raw_nonzero()), "the agent to report QEMU's PID as the node sees it").await;
     let (parent, cmdline) = parent_of(qemu);
     assert!(cmdline.contains(" launcher --uid ") && cmdline.contains(&uid), "QEMU's parent is the launcher, not the agent: {cmdline}");
     assert_ne!(parent, n2.pid().as_raw_nonzero().get());
@@ -476,9 +477,10 @@ async fn launcher_pods_are_placed_by_the_scheduler_and_own_their_qemu() {
     .await;
 }
 
+/// QEMU's PID here, as the node agent finds it (a launcher pod's QEMU is in the pod's PID
+/// namespace: its pidfile holds its PID there).
 fn qemu_pid(run_dir: &Path) -> rustix::process::Pid {
-    let text = std::fs::read_to_string(run_dir.join("qemu.pid")).unwrap();
-    rustix::process::Pid::from_raw(text.trim().parse().unwrap()).unwrap()
+    rustix::process::Pid::from_raw(qemu::process::adopt(run_dir).unwrap().pid).unwrap()
 }
 
 fn alive(pid: rustix::process::Pid) -> bool {

@@ -93,15 +93,17 @@ pub fn pod_for(vmi: &VirtualMachineInstance, cfg: &LauncherPods) -> Result<Pod, 
     if let (false, Some(guest)) = (requests.contains_key("memory"), domain.memory.as_ref().and_then(|m| m.guest.as_ref())) {
         requests.insert("memory", json!(guest));
     }
-    let grace = vmi.spec.extra.get("terminationGracePeriodSeconds").and_then(serde_json::Value::as_i64).unwrap_or(30);
+    let grace = vmi.spec.extra.get("terminationGracePeriodSeconds").and_then(serde_json::Value::as_i64).unwrap_or(30).max(0);
     let mut spec = json!({
         "restartPolicy": "Never",
-        // The agent stops the guest first (its own grace); the pod's is a backstop after it.
+        // The guest's grace is the launcher's (`--grace-period-seconds`: ACPI power-off, then
+        // QEMU stopped, then killed after QUIT_DEADLINE); the pod's is a backstop after all
+        // of it, as KubeVirt gives its launcher pods a margin over the VMI's grace.
         "terminationGracePeriodSeconds": grace + 15,
         "containers": [{
             "name": "compute",
             "image": cfg.image,
-            "command": ["virtplug", "launcher", "--uid", uid, "--run-dir", run_dir],
+            "command": ["virtplug", "launcher", "--uid", uid, "--run-dir", run_dir, "--grace-period-seconds", grace.to_string()],
             "resources": {"requests": requests, "limits": limits},
             "volumeMounts": [{"name": "run", "mountPath": run_dir}],
         }],
@@ -299,7 +301,11 @@ mod tests {
         assert_eq!(pod["spec"]["tolerations"], json!([{"key": "k", "operator": "Exists"}]));
         assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 20);
         let c = &pod["spec"]["containers"][0];
-        assert_eq!(c["command"], json!(["virtplug", "launcher", "--uid", "u1", "--run-dir", "/var/lib/virtplug/node/vmis/u1"]));
+        assert_eq!(
+            c["command"],
+            json!(["virtplug", "launcher", "--uid", "u1", "--run-dir", "/var/lib/virtplug/node/vmis/u1", "--grace-period-seconds", "5"]),
+            "the launcher gets the VMI's grace"
+        );
         assert_eq!(c["resources"], json!({"requests": {"memory": "200Mi", "cpu": "1"}, "limits": {"memory": "300Mi"}}));
         assert_eq!(c["volumeMounts"][0]["mountPath"], pod["spec"]["volumes"][0]["hostPath"]["path"], "same path inside and out");
     }

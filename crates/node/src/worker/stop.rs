@@ -21,7 +21,8 @@ use crate::reasons::VmiReason;
 pub const FINALIZER: &str = "kubevirt.io/foregroundDeleteVirtualMachine";
 
 /// Stops a live QEMU: `system_powerdown` and up to `grace` for the guest, then `quit`, then
-/// SIGKILL. `forced` cuts the grace short (the VMI's grace period was lowered to 0 during the
+/// SIGKILL after [`qemu::process::QUIT_DEADLINE`] (a launcher pod's launcher stops its QEMU the
+/// same way when the pod is deleted, [`qemu::launcher`]). `forced` cuts the grace short (the VMI's grace period was lowered to 0 during the
 /// stop: `virtctl stop --force --grace-period 0`, Redfish `ForceOff` of a System powering off).
 pub(super) async fn stop(live: Live, grace: Duration, forced: impl std::future::Future<Output = ()>) {
     let gone = tokio::select! {
@@ -36,7 +37,7 @@ pub(super) async fn stop(live: Live, grace: Duration, forced: impl std::future::
     };
     if !gone {
         live.machine.quit().await;
-        if !live.process.wait_gone(Duration::from_secs(5)).await {
+        if !live.process.wait_gone(qemu::process::QUIT_DEADLINE).await {
             live.process.kill().await;
         }
     }

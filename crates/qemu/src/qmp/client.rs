@@ -216,6 +216,16 @@ impl Qmp {
         let _ = rustix::net::shutdown(&*self.stream, rustix::net::Shutdown::Both);
     }
 
+    /// The PID of QEMU, the peer of this connection (`SO_PEERCRED`), in this process's PID
+    /// namespace — also for a QEMU in a PID namespace of its own, whose pidfile holds its PID
+    /// there ([`crate::process`]).
+    ///
+    /// # Errors
+    /// When the kernel cannot say.
+    pub fn peer_pid(&self) -> io::Result<i32> {
+        Ok(rustix::net::sockopt::socket_peercred(&*self.stream)?.pid.as_raw_nonzero().get())
+    }
+
     /// Whether the connection is still open.
     #[must_use]
     pub fn is_connected(&self) -> bool {

@@ -104,6 +104,9 @@ async fn bind(client: &kube::Client, pod: &Pod, node: &str) {
 /// One pod process run by [`kubelet`].
 struct Running {
     pid: i32,
+    /// Whether `pid` is `unshare --pid --fork`, whose child (the pod's main process, PID 1 of
+    /// the pod's PID namespace) is the one to signal: `unshare` does not pass SIGTERM on.
+    forked: bool,
     grace: Duration,
     waiter: tokio::task::JoinHandle<()>,
     /// The claim directories the pod has mounted (an attachment pod's).
@@ -119,7 +122,10 @@ struct Running {
 ///
 /// No container runtime: the node's file system is `root` (hostPath `P` is `ROOT/P`, created
 /// for `DirectoryOrCreate`), and a container path under a volume mount is rewritten to its host
-/// path in the command line (standing in for the mount). A pod with claim or emptyDir volumes
+/// path in the command line (standing in for the mount). A pod with hostPath volumes only (a
+/// launcher pod) runs in a PID namespace of its own, as a container runtime runs a pod
+/// (`unshare --pid --fork --mount-proc --kill-child`): its processes' PIDs there (QEMU's
+/// pidfile) are not their PIDs on the node. A pod with claim or emptyDir volumes
 /// (an attachment pod) runs in a mount namespace and root of its own instead ([`start_isolated`]):
 /// a tmpfs with the host's `/usr`, the claims' directories bind-mounted at their mount paths
 /// and each emptyDir at its mount path, backed by
@@ -167,15 +173,30 @@ pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
     }))
 }
 
-/// SIGTERM, the grace, SIGKILL (by PID, the process the kubelet started).
+/// SIGTERM to the pod's main process, the grace, SIGKILL (by PID, the process the kubelet
+/// started: with `--kill-child`, its SIGKILL takes the pod's main process along).
 async fn kill(r: Running) {
     let Some(pid) = rustix::process::Pid::from_raw(r.pid).filter(|_| !r.waiter.is_finished()) else { return };
-    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let main = if r.forked { child_of(r.pid).and_then(rustix::process::Pid::from_raw) } else { Some(pid) };
+    if let Some(main) = main {
+        let _ = rustix::process::kill_process(main, rustix::process::Signal::TERM);
+    }
     let mut waiter = r.waiter;
     if tokio::time::timeout(r.grace, &mut waiter).await.is_err() {
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         let _ = waiter.await;
     }
+}
+
+/// The (first) child of process `pid`, from `/proc/*/stat`.
+fn child_of(pid: i32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+        let child: i32 = p.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(p.path().join("stat")).ok()?;
+        // `pid (comm) state ppid ...`: comm may hold spaces, so count from its closing parenthesis.
+        let ppid: i32 = stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()?;
+        (ppid == pid).then_some(child)
+    })
 }
 
 /// The host path of container path `arg` under the pod's volume mounts, if any.
@@ -211,10 +232,13 @@ async fn start(client: &kube::Client, pod: &Pod, root: &Path) -> Result<Running,
     let logs = root.join("pods");
     std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
     let log = std::fs::File::create(logs.join(format!("{}.log", pod.uid().unwrap_or_default()))).map_err(|e| e.to_string())?;
-    let (mut cmd, claims) = if isolated { start_isolated(pod, root, &argv)? } else { (tokio::process::Command::new(&argv[0]), Vec::new()) };
-    if !isolated {
-        cmd.args(&argv[1..]);
-    }
+    let (mut cmd, claims) = if isolated {
+        start_isolated(pod, root, &argv)?
+    } else {
+        let mut cmd = tokio::process::Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).args(&argv);
+        (cmd, Vec::new())
+    };
     cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone().map_err(|e| e.to_string())?).stderr(log);
     for e in c.env.iter().flatten() {
         cmd.env(&e.name, e.value.clone().unwrap_or_default());
@@ -241,7 +265,7 @@ async fn start(client: &kube::Client, pod: &Pod, root: &Path) -> Result<Running,
         report(&client, &pod_c, json!({"phase": phase, "containerStatuses": container(state)})).await;
     });
     let grace = Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).try_into().unwrap_or(30));
-    Ok(Running { pid, grace, waiter, claims })
+    Ok(Running { pid, forked: !isolated, grace, waiter, claims })
 }
 
 /// Merges `status` into the pod's status (a pod deleted meanwhile: nothing to report).
