@@ -314,8 +314,11 @@ async fn a_silent_node_is_unscheduled_and_a_fenced_one_gives_its_vms_up() {
     .await;
     let conds: Vec<String> = marked.status.unwrap().conditions.unwrap().iter().map(|c| format!("{}={}", c.type_, c.status)).collect();
     assert_eq!(conds, ["Ready=True", "MemoryPressure=False"], "the kubelet's conditions survive the agent");
-    let events = client::events::list(&c.client, "default", "n1", "NodeUnresponsive").await.unwrap();
-    assert!(!events.is_empty(), "a NodeUnresponsive Event on n1");
+    // The Event is written after the label (two writes): wait for it too.
+    common::wait_until(T, "a NodeUnresponsive Event on n1", || async {
+        client::events::list(&c.client, "default", "n1", "NodeUnresponsive").await.ok().filter(|e| !e.is_empty())
+    })
+    .await;
     assert!(alive(qemu), "the guest keeps running without its agent");
 
     vms.create(&PostParams::default(), &guest_vm("next", None)).await.unwrap();
