@@ -10,6 +10,7 @@
 //! - [`volume_edit`]: the addvolume/removevolume edits of a spec.
 //! - [`crd`]: CRD manifests generated from the types (cluster mode).
 //! - [`annotations`]: the annotations components use to talk through the API.
+//! - [`tunnel`]: how the API server reaches a node's consoles (the node agent's tunnel).
 //!
 //! core/v1 `PersistentVolumeClaim`, `Event`, `Namespace` and `Node` come from k8s-openapi, re-exported
 //! under [`core`].
@@ -25,6 +26,7 @@ pub mod kubevirt;
 pub mod lifecycle_requests;
 pub mod phases;
 pub mod quantity;
+pub mod tunnel;
 pub mod validation;
 pub mod virtual_media;
 pub mod volume_edit;

@@ -2,12 +2,16 @@
 //! - `virtualmachines|virtualmachineinstances/NAME/addvolume|removevolume`: [`volumes`];
 //! - `virtualmachines/NAME/start|stop|restart`: [`lifecycle`].
 //!
+//! And `GET` on `virtualmachineinstances/NAME/console|vnc`, websockets to the VMI's serial
+//! console and VNC server ([`console`]).
+//!
 //! And core/v1's `pods/NAME/binding` (`POST`, [`binding`]), which kube-scheduler uses.
 //!
 //! Each reads its options body (up to the body limit) and `?dryRun=All`, and records the
 //! change on the object; the controller and node agent carry it out.
 
 pub mod binding;
+pub mod console;
 pub mod lifecycle;
 pub mod volumes;
 
@@ -30,6 +34,9 @@ pub fn resource_list() -> Value {
     }
     for sub in lifecycle::SUBRESOURCES {
         resources.push(json!({"name": format!("virtualmachines/{sub}"), "singularName": "", "namespaced": true, "kind": "VirtualMachine", "verbs": ["update"]}));
+    }
+    for sub in console::SUBRESOURCES {
+        resources.push(json!({"name": format!("virtualmachineinstances/{sub}"), "singularName": "", "namespaced": true, "kind": "VirtualMachineInstance", "verbs": ["get"]}));
     }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "subresources.kubevirt.io/v1", "resources": resources})
 }

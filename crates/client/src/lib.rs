@@ -1,7 +1,7 @@
 //! How every virtplug component reaches the API: a `kube::Client` from a kubeconfig, from the
 //! in-cluster config, or in-process over the embedded server's router (no socket); the one
 //! read-modify-write path, [`update`], and its JSON-patch sibling, [`patch_if`]; the one retry
-//! [`backoff`].
+//! [`backoff`]; [`upgrade`]: upgraded connections (the node tunnel, console and VNC websockets).
 
 pub mod backoff;
 pub mod events;
@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod panics;
 mod patch_if;
 mod update;
+pub mod upgrade;
 
 pub use patch_if::{patch_if, patch_if_seen, PatchIfError, PatchIfOptions, Patched};
 pub use update::{

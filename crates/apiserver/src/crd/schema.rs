@@ -103,7 +103,14 @@ impl Structural {
             min_properties: count("minProperties"),
             max_properties: count("maxProperties"),
             pattern: schema.get("pattern").and_then(Value::as_str).map(|p| (p.to_owned(), regex::Regex::new(p).ok())),
-            required: schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect(),
+            required: schema
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect(),
             defaults: props
                 .into_iter()
                 .flatten()
@@ -144,9 +151,7 @@ fn walk(schema: &Structural, obj: &mut Value, root: bool) {
                 }
             }
             if !schema.keep_unknown {
-                map.retain(|k, _| {
-                    ((root || schema.embedded) && ROOT_FIELDS.contains(&k.as_str())) || schema.property(k).is_some()
-                });
+                map.retain(|k, _| ((root || schema.embedded) && ROOT_FIELDS.contains(&k.as_str())) || schema.property(k).is_some());
             }
             for (k, v) in map.iter_mut() {
                 if root && ROOT_FIELDS.contains(&k.as_str()) {
@@ -293,7 +298,11 @@ fn check(schema: &Structural, v: &Value, path: Path<'_>, root: bool, causes: &mu
                 invalid(causes, path, v, &format!("{} should have at least {m} items", path.at()));
             }
             if let Some(m) = schema.max_items.filter(|m| items.len() > *m) {
-                causes.push(Cause::new(CauseType::TooLong, path.field(), format!("Too many: {}: must have at most {m} items", items.len())));
+                causes.push(Cause::new(
+                    CauseType::TooLong,
+                    path.field(),
+                    format!("Too many: {}: must have at most {m} items", items.len()),
+                ));
             }
             if let Some(sub) = &schema.items {
                 for (i, item) in items.iter().enumerate() {

@@ -5,6 +5,7 @@
 //! Exit codes: 0 done; 1 the operation failed (API refusal, import failed, `--wait` timed out);
 //! 2 bad usage (clap). Errors go to stderr with what to do; `-o json|yaml` output is stable.
 
+mod console;
 mod fallback;
 mod hotplug;
 mod vm;
