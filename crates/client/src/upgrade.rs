@@ -4,6 +4,8 @@
 //!
 //! Both go through the `kube::Client` of a kubeconfig, with its TLS and credentials, so they work
 //! wherever the kubeconfig does. HTTP/1.1 only (kube-client's connector offers nothing else).
+//! Use a client without retries ([`crate::Retries::None`]): kube-client's default retries a 503
+//! (a node that cannot be reached) for minutes before the caller hears of it.
 //! An in-process client (`client::in_process`) cannot upgrade: there is no connection to hand
 //! over.
 //!

@@ -262,7 +262,8 @@ pub fn host_name() -> String {
 }
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
-    let client = crate::migrate::connect(args.kubeconfig, "node").await?;
+    let client = crate::migrate::connect(args.kubeconfig.clone(), "node").await?;
+    let tunnel_client = crate::migrate::connect_with(args.kubeconfig, "node", client::Retries::None).await?;
     crate::kubevirt_guard::refuse_beside_kubevirt(&client, "node agent").await?;
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     let mut config = node::agent::Config::new(&args.node_name.unwrap_or_else(host_name), &data_dir);
@@ -295,7 +296,7 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
         config.state_dir.display()
     );
     // Console and VNC streams reach this node through the tunnel it opens to the API server.
-    let tunnel = node::tunnel::Tunnel { client: client.clone(), node: config.node_name.clone(), vmis_dir: config.state_dir.join("vmis") };
+    let tunnel = node::tunnel::Tunnel { client: tunnel_client, node: config.node_name.clone(), vmis_dir: config.state_dir.join("vmis") };
     let _tunnel = AbortOnDrop(tokio::spawn(node::tunnel::run(tunnel)));
     health.spawn(NODE_AGENT, node::agent::run(client, config));
     until_death_or_signal(&health).await
@@ -619,7 +620,7 @@ async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions
     // console tunnel connects over the network with the kubeconfig, as in cluster mode.
     let _tunnel = match &up {
         Some(up) => {
-            let client = client::connect_as(Some(&kubeconfig), &client::user_agent("node"))
+            let client = client::connect_with(Some(&kubeconfig), &client::user_agent("node"), client::Retries::None)
                 .await
                 .context("cannot build the node agent's tunnel client from the kubeconfig")?;
             let state_dir = node::agent::Config::new(&up.node_name, &config.data_dir).state_dir;

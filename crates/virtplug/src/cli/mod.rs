@@ -52,6 +52,11 @@ async fn connect(c: &Common) -> anyhow::Result<kube::Client> {
     crate::migrate::connect(c.kubeconfig.clone(), "cli").await
 }
 
+/// A client for upgraded connections (console, VNC): a refusal is reported at once, not retried.
+async fn connect_streams(c: &Common) -> anyhow::Result<kube::Client> {
+    crate::migrate::connect_with(c.kubeconfig.clone(), "cli", client::Retries::None).await
+}
+
 fn print_objects<T: serde::Serialize>(
     output: &str,
     items: &[T],

@@ -180,8 +180,8 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
             );
             report(&c.output, &text, &doc)?;
         }
-        Vm::Console { name } => super::console::console(&client, ns, name).await?,
-        Vm::Vnc { name, port, proxy_only } => super::console::vnc(&client, ns, name, *port, *proxy_only).await?,
+        Vm::Console { name } => super::console::console(&super::connect_streams(&c).await?, ns, name).await?,
+        Vm::Vnc { name, port, proxy_only } => super::console::vnc(&super::connect_streams(&c).await?, ns, name, *port, *proxy_only).await?,
     }
     Ok(())
 }
