@@ -2,7 +2,7 @@
 (`websocket-client`, which the `kubernetes` client's `stream` module uses): the handshake with
 the `plain.kubevirt.io` subprotocol, the kubeconfig's bearer token and CA, and raw bytes in
 binary frames. Real `virtplug up` ($VIRTPLUG_BIN), real QEMU (TCG), the test guest, which
-answers each line typed on its console with `VP-ECHO <line>`.
+answers each line typed on its console with `VP-ECHO <line>`. `up` is conftest's fixture.
 """
 import base64
 import os
@@ -13,18 +13,7 @@ import pytest
 import websocket
 import yaml
 
-from redfish_up import Up
-
 SUB = "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances"
-
-
-@pytest.fixture(scope="module")
-def up():
-    u = Up()
-    try:
-        yield u
-    finally:
-        u.close()
 
 
 def connect(up, name, sub):

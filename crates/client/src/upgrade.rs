@@ -119,7 +119,11 @@ async fn switch(
         return Ok(res);
     }
     let code = res.status().as_u16();
-    let body = http_body_util::Limited::new(res.into_body(), MAX_ERROR_BODY).collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = http_body_util::Limited::new(res.into_body(), MAX_ERROR_BODY)
+        .collect()
+        .await
+        .map(http_body_util::Collected::to_bytes)
+        .unwrap_or_default();
     let message = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|s| s.get("message").and_then(serde_json::Value::as_str).map(str::to_owned))

@@ -41,7 +41,8 @@ async fn streams_client(s: &TestServer) -> kube::Client {
 }
 
 async fn refusal(s: &TestServer, name: &str, sub: &str) -> (u16, String) {
-    let asked = client::upgrade::websocket(&streams_client(s).await, &path(name, sub), api::tunnel::PLAIN_SUBPROTOCOL);
+    let (streams, path) = (streams_client(s).await, path(name, sub));
+    let asked = client::upgrade::websocket(&streams, &path, api::tunnel::PLAIN_SUBPROTOCOL);
     // Regression: with kube-client's default retries a 503 came back only after ~5 minutes.
     match tokio::time::timeout(T, asked).await.expect("a refusal within the deadline, not retried") {
         Ok(_) => panic!("{sub} of {name} was upgraded"),
