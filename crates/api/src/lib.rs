@@ -13,6 +13,7 @@
 //! - [`network`]: guest interfaces and networks, their admission rules, MAC addresses.
 //! - [`lifecycle_requests`], [`vmi_requests`]: what KubeVirt's VM and VMI action subresources
 //!   do to the objects.
+//! - [`tunnel`]: how the API server reaches a node's consoles (the node agent's tunnel).
 //!
 //! core/v1 `PersistentVolumeClaim`, `Event`, `Namespace` and `Node` come from k8s-openapi, re-exported
 //! under [`core`].
@@ -29,6 +30,7 @@ pub mod lifecycle_requests;
 pub mod network;
 pub mod phases;
 pub mod quantity;
+pub mod tunnel;
 pub mod validation;
 pub mod virtual_media;
 pub mod vmi_requests;

@@ -25,6 +25,8 @@ pub struct ApiState {
     pub watches: WatchSlots,
     /// Whether `subresources.kubevirt.io` is served ([`crate::Config::kubevirt_subresources`]).
     pub kubevirt_subresources: bool,
+    /// The node agents' tunnels (console and VNC).
+    pub tunnels: std::sync::Arc<crate::tunnel::Tunnels>,
 }
 
 /// One request on its way to its handler.

@@ -10,7 +10,9 @@
 //! - [`routes`]: the route table, from a request to its handler ([`call`]: what a handler
 //!   gets; [`target`]: what a resource path names); the handlers: [`discovery`] (the endpoints
 //!   that are not objects, [`openapi`]), [`verbs`] (on resources: [`list`], [`watch`],
-//!   [`table`]), [`subresources`] (KubeVirt's `addvolume`, `start`, ...); [`reply`]: answers.
+//!   [`table`]), [`subresources`] (KubeVirt's `addvolume`, `start`, `console`, ...); [`reply`]: answers;
+//!   [`tunnel`]: the node agents' tunnels that console and VNC streams take; [`websocket`]:
+//!   upgraded connections.
 //! - [`query`], [`body`] ([`protobuf`] for Kubernetes' binary encoding), [`patch`],
 //!   [`selectors`], [`labels`]: parsing and checking what a request sends; [`kinds`]: rules of
 //!   core kinds beyond the generic verbs (Secret); [`limits`]: every bound on a request and a stored object; [`fuzzing`]: fuzz
@@ -53,8 +55,10 @@ pub mod store;
 pub mod subresources;
 pub mod table;
 pub mod target;
+pub mod tunnel;
 pub mod verbs;
 pub mod watch;
+pub mod websocket;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -236,6 +240,7 @@ impl Server {
             metrics: config.metrics.clone(),
             watches: watch::WatchSlots::default(),
             kubevirt_subresources: config.kubevirt_subresources,
+            tunnels: Arc::default(),
         });
         Ok(Server { state, credentials, data_dir: config.data_dir.clone(), health, connections: config.connections.clone(), audit })
     }
@@ -331,12 +336,9 @@ impl Server {
 /// Beyond the connection cap: a Kubernetes `Status` 503 (the listener adds `Retry-After`).
 fn refusal() -> conn::Refusal {
     conn::Refusal::new(|max| {
-        status::ApiError {
-            code: 503,
-            reason: "ServiceUnavailable",
-            message: format!("the API server is serving its maximum of {max} connections (--max-connections); retry later"),
-            details: None,
-        }
+        status::ApiError::unavailable(format!(
+            "the API server is serving its maximum of {max} connections (--max-connections); retry later"
+        ))
         .into_response()
     })
 }

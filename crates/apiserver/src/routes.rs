@@ -35,7 +35,7 @@ use crate::call::Call;
 use crate::query;
 use crate::status::ApiError;
 use crate::target::{self, Resource, Shape};
-use crate::{discovery, negotiate, subresources, verbs};
+use crate::{discovery, negotiate, subresources, tunnel, verbs};
 
 /// What an async handler returns.
 pub type Reply<'a> = Pin<Box<dyn Future<Output = Result<Response, ApiError>> + Send + 'a>>;
@@ -95,6 +95,18 @@ pub static ROUTES: &[Route] = &[
     put(
         "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/{plural:virtualmachineinstances}/{name}/{sub:pause|unpause|softreboot}",
         |c| Box::pin(subresources::vmi_action(c)),
+    ),
+    Route::Path(
+        Method::GET,
+        "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/{plural:virtualmachineinstances}/{name}/{sub:console|vnc}",
+        Handler::Async(|c| Box::pin(subresources::console::handle(c))),
+    ),
+    // The node agents' tunnels (the console and VNC streams' way to the nodes).
+    Route::Path(Method::GET, "/apis/subresources.virtplug.io/v1/nodes/{node}/tunnel", Handler::Async(|c| Box::pin(async { tunnel::link(c) }))),
+    Route::Path(
+        Method::GET,
+        "/apis/subresources.virtplug.io/v1/nodes/{node}/streams/{id}",
+        Handler::Async(|c| Box::pin(async { tunnel::stream(c) })),
     ),
     // core/v1 pods/binding (kube-scheduler's bind).
     Route::Path(Method::POST, "/api/v1/namespaces/{namespace}/pods/{name}/binding", Handler::Async(|c| Box::pin(subresources::binding(c)))),
@@ -290,6 +302,7 @@ mod tests {
             metrics: None,
             watches: watch::WatchSlots::default(),
             kubevirt_subresources: true,
+            tunnels: Arc::default(),
         })
     }
 

@@ -41,6 +41,12 @@ impl ApiError {
         Self::new(404, "NotFound", format!("{qualified} \"{name}\" not found")).with_details(name, group, plural)
     }
 
+    /// 404 NotFound with a message of its own (something that is not an object).
+    #[must_use]
+    pub fn not_found_message(message: impl Into<String>) -> Self {
+        Self::new(404, "NotFound", message)
+    }
+
     /// 404 for a path that names no resource.
     #[must_use]
     pub fn no_resource() -> Self {
@@ -184,6 +190,11 @@ impl ApiError {
     /// 500 InternalError.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
+    }
+
+    /// 503 ServiceUnavailable: a part the request needs (a node agent) cannot be reached now.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, "ServiceUnavailable", message)
     }
 
     /// The same error with another message.

@@ -3,12 +3,16 @@
 //! - `virtualmachines/NAME/start|stop|restart`: [`lifecycle`];
 //! - `virtualmachineinstances/NAME/pause|unpause|softreboot`: [`vmi_actions`].
 //!
+//! And `GET` on `virtualmachineinstances/NAME/console|vnc`, websockets to the VMI's serial
+//! console and VNC server ([`console`]).
+//!
 //! And core/v1's `pods/NAME/binding` (`POST`, [`binding`]), which kube-scheduler uses.
 //!
 //! Each reads its options body (up to the body limit) and `?dryRun=All`, and records the
 //! change on the object; the controller and node agent carry it out.
 
 pub mod binding;
+pub mod console;
 pub mod lifecycle;
 pub mod vmi_actions;
 pub mod volumes;
@@ -35,6 +39,9 @@ pub fn resource_list() -> Value {
     }
     for sub in vmi_actions::SUBRESOURCES {
         resources.push(json!({"name": format!("virtualmachineinstances/{sub}"), "singularName": "", "namespaced": true, "kind": "VirtualMachineInstance", "verbs": ["update"]}));
+    }
+    for sub in console::SUBRESOURCES {
+        resources.push(json!({"name": format!("virtualmachineinstances/{sub}"), "singularName": "", "namespaced": true, "kind": "VirtualMachineInstance", "verbs": ["get"]}));
     }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "subresources.kubevirt.io/v1", "resources": resources})
 }

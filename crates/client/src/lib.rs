@@ -1,7 +1,7 @@
 //! How every virtplug component reaches the API: a `kube::Client` from a kubeconfig, from the
 //! in-cluster config, or in-process over the embedded server's router (no socket); the one
 //! read-modify-write path, [`update`], and its JSON-patch sibling, [`patch_if`]; the one retry
-//! [`backoff`].
+//! [`backoff`]; [`upgrade`]: upgraded connections (the node tunnel, console and VNC websockets).
 
 pub mod backoff;
 pub mod events;
@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod panics;
 mod patch_if;
 mod update;
+pub mod upgrade;
 
 pub use patch_if::{patch_if, patch_if_seen, PatchIfError, PatchIfOptions, Patched};
 pub use update::{
@@ -58,7 +59,26 @@ pub async fn connect(path: Option<&Path>) -> Result<kube::Client, ConnectError> 
 /// # Errors
 /// As [`connect`]; and when `user_agent` is not a valid header value.
 pub async fn connect_as(path: Option<&Path>, user_agent: &str) -> Result<kube::Client, ConnectError> {
+    connect_with(path, user_agent, Retries::Default).await
+}
+
+/// Whether a client retries answers that say "later" (429, 503, 504).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retries {
+    /// kube-client's default: up to 15 retries with growing delays (minutes in all).
+    Default,
+    /// None: the answer is the caller's at once. For upgraded connections ([`upgrade`]): a
+    /// console whose node is unreachable (503) is reported, not retried for minutes.
+    None,
+}
+
+/// [`connect_as`] with the given [`Retries`].
+///
+/// # Errors
+/// As [`connect_as`].
+pub async fn connect_with(path: Option<&Path>, user_agent: &str, retries: Retries) -> Result<kube::Client, ConnectError> {
     let mut config = config(path).await?;
+    config.default_retry = retries == Retries::Default;
     let value = http::HeaderValue::from_str(user_agent).map_err(|_| ConnectError::UserAgent(user_agent.to_owned()))?;
     config.headers.push((http::header::USER_AGENT, value));
     kube::Client::try_from(config).map_err(ConnectError::Client)

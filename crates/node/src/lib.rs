@@ -18,7 +18,8 @@
 //! - [`bindmount`]: bind-mount mode (targets in QEMU's mount namespace, device cgroup rules);
 //!   [`devprog`]: its cgroup v2 eBPF device program;
 //! - [`caps`]: what one VMI may take from this node (emptyDisk size, guest memory);
-//! - [`consolelog`]: the guests' serial logs, rotated past a cap;
+//! - [`consolelog`]: the guests' serial logs, rotated past a cap; [`tunnel`]: the connection
+//!   that carries console and VNC streams to the API server;
 //! - [`reasons`]: the VMI reasons and Event reasons the agent writes; [`spans`]: its log spans;
 //! - [`mountinfo`], [`checkpoint`], [`backoff`]: the parser, crash-safe records, the fallback wait.
 
@@ -39,4 +40,5 @@ pub mod reasons;
 pub mod source;
 pub mod spans;
 pub mod supervise;
+pub mod tunnel;
 pub mod worker;

@@ -78,7 +78,7 @@ pub struct CdromDrive {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchSpec {
     pub name: String,
-    /// Holds `qmp.sock`, `serial.sock`, `serial.log`, `qemu.pid`.
+    /// Holds `qmp.sock`, `serial.sock`, `serial.log`, `vnc.sock`, `qemu.pid`.
     pub run_dir: PathBuf,
     pub memory_mib: u64,
     pub vcpus: u32,
@@ -119,6 +119,11 @@ impl LaunchSpec {
     #[must_use]
     pub fn serial_log(&self) -> PathBuf {
         self.run_dir.join("serial.log")
+    }
+    /// QEMU's VNC server (the `vnc` subresource reaches it through the node agent).
+    #[must_use]
+    pub fn vnc_socket(&self) -> PathBuf {
+        self.run_dir.join("vnc.sock")
     }
     #[must_use]
     pub fn pidfile(&self) -> PathBuf {
@@ -167,6 +172,11 @@ impl LaunchSpec {
             .set("logfile", &p(&self.serial_log()))
             .set("logappend", "on");
         push(&["-chardev", &serial.build(), "-serial", "chardev:ser0"]);
+        // VNC on a unix socket in the run dir, never on a TCP port: only the node agent reaches
+        // it (KubeVirt's virt-launcher does the same). Without a display device QEMU still
+        // answers the RFB handshake (a blank screen). The implied key is spelled out (`vnc=`):
+        // an implied value with `=` in it would be read as a key.
+        push(&["-vnc", &Opts::new().set("vnc", &format!("unix:{}", p(&self.vnc_socket()))).build()]);
         push(&["-device", &json!({"driver": "virtio-scsi-pci", "id": HOTPLUG_CONTROLLER}).to_string()]);
         if let Some(k) = &self.kernel {
             push(&["-kernel", &p(&k.kernel), "-append", &k.cmdline]);
@@ -243,6 +253,7 @@ pub fn audit(args: &[String]) -> Result<(), String> {
             "-name" => &["guest", "debug-threads"],
             "-machine" => &["", "pflash0", "pflash1"],
             "-chardev" => &["", "id", "path", "server", "wait", "logfile", "logappend"],
+            "-vnc" => &["vnc"],
             "-run-with" => &["user"],
             "-mon" => &["chardev", "mode"],
             "-device" => &["driver", "id", "bus", "drive", "bootindex", "serial", "netdev", "mac", "romfile"],
@@ -507,6 +518,7 @@ mod tests {
             r#"{"driver":"virtio-blk-pci","id":"root","drive":"root-disk","bootindex":1}"#,
             &format!("-kernel {d}/k -append console=ttyS0 -initrd {d}/i"),
             "-nic none",
+            "-vnc vnc=unix:/run/vm1/vnc.sock",
         ] {
             assert!(args.contains(want), "missing {want:?} in {args}");
         }

@@ -14,6 +14,9 @@
 //! | HTTP/2 header list | hyper's | 16 KiB | 1 MiB |
 //! | HTTP/2 dead peer | ping every [`H2_PING_EVERY`], closed without an answer in [`H2_PING_TIMEOUT`] | 30 s, 20 s | — |
 //!
+//! A connection upgraded by its service (HTTP/1.1 `101 Switching Protocols`) leaves the listener:
+//! it is no longer counted, timed out or closed at shutdown here; the service owns it.
+//!
 //! Request bodies are bounded by the service served (the API server's `Config::body_limit`), and
 //! so is authentication: the service should answer a request without credentials before reading
 //! its body (the API server's `authenticate` does).
@@ -263,7 +266,10 @@ async fn serve_one<S>(
         })
     };
     let builder = builder(&limits, alpn.as_deref());
-    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+    // With upgrades: an HTTP/1.1 request answered 101 (a websocket, the node tunnel) takes the
+    // connection over; the upgraded connection then lives in the service's task, outside these
+    // limits (the service bounds its own streams), and no longer holds a connection slot.
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => return,

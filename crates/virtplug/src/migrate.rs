@@ -34,16 +34,23 @@ pub struct HotplugArgs {
 /// A client for `component` (its User-Agent says which: [`client::user_agent`]). The kubeconfig
 /// to use when none is given: the `up` data dir's, if no other is found.
 pub async fn connect(explicit: Option<PathBuf>, component: &str) -> anyhow::Result<kube::Client> {
+    connect_with(explicit, component, client::Retries::Default).await
+}
+
+/// [`connect`] with the given retries ([`client::Retries::None`] for upgraded connections).
+pub async fn connect_with(explicit: Option<PathBuf>, component: &str, retries: client::Retries) -> anyhow::Result<kube::Client> {
     let agent = client::user_agent(component);
     if let Some(p) = explicit {
-        return client::connect_as(Some(&p), &agent).await.with_context(|| format!("cannot use the kubeconfig {}", p.display()));
+        return client::connect_with(Some(&p), &agent, retries).await.with_context(|| format!("cannot use the kubeconfig {}", p.display()));
     }
-    match client::connect_as(None, &agent).await {
+    match client::connect_with(None, &agent, retries).await {
         Ok(c) => Ok(c),
         Err(e) => {
             let up = crate::default_data_dir().join("kubeconfig");
             if up.is_file() {
-                client::connect_as(Some(&up), &agent).await.with_context(|| format!("cannot use the kubeconfig {}", up.display()))
+                client::connect_with(Some(&up), &agent, retries)
+                    .await
+                    .with_context(|| format!("cannot use the kubeconfig {}", up.display()))
             } else {
                 Err(e).context("no kubeconfig: pass --kubeconfig, set $KUBECONFIG, or start `virtplug up`")
             }

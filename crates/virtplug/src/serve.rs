@@ -241,6 +241,15 @@ pub struct NodeArgs {
     qemu: crate::qemu_flags::QemuArgs,
 }
 
+/// A background task stopped when its owner is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The host name, for the default node name.
 pub fn host_name() -> String {
     let n = rustix::system::uname();
@@ -253,7 +262,8 @@ pub fn host_name() -> String {
 }
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
-    let client = crate::migrate::connect(args.kubeconfig, "node").await?;
+    let client = crate::migrate::connect(args.kubeconfig.clone(), "node").await?;
+    let tunnel_client = crate::migrate::connect_with(args.kubeconfig, "node", client::Retries::None).await?;
     crate::kubevirt_guard::refuse_beside_kubevirt(&client, "node agent").await?;
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     let mut config = node::agent::Config::new(&args.node_name.unwrap_or_else(host_name), &data_dir);
@@ -285,6 +295,9 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
         config.node_name,
         config.state_dir.display()
     );
+    // Console and VNC streams reach this node through the tunnel it opens to the API server.
+    let tunnel = node::tunnel::Tunnel { client: tunnel_client, node: config.node_name.clone(), vmis_dir: config.state_dir.join("vmis") };
+    let _tunnel = AbortOnDrop(tokio::spawn(node::tunnel::run(tunnel)));
     health.spawn(NODE_AGENT, node::agent::run(client, config));
     until_death_or_signal(&health).await
 }
@@ -603,6 +616,19 @@ async fn run(config: apiserver::Config, listen: SocketAddr, up: Option<UpOptions
     let host = if addr.ip().is_unspecified() { "127.0.0.1".to_owned() } else { addr.ip().to_string() };
     let url = if addr.is_ipv6() { format!("https://[{host}]:{}", addr.port()) } else { format!("https://{host}:{}", addr.port()) };
     let kubeconfig = server.write_kubeconfig(&url).context("cannot write the kubeconfig")?;
+    // `up`'s node agent reaches the API in-process, which cannot upgrade a connection: its
+    // console tunnel connects over the network with the kubeconfig, as in cluster mode.
+    let _tunnel = match &up {
+        Some(up) => {
+            let client = client::connect_with(Some(&kubeconfig), &client::user_agent("node"), client::Retries::None)
+                .await
+                .context("cannot build the node agent's tunnel client from the kubeconfig")?;
+            let state_dir = node::agent::Config::new(&up.node_name, &config.data_dir).state_dir;
+            let tunnel = node::tunnel::Tunnel { client, node: up.node_name.clone(), vmis_dir: state_dir.join("vmis") };
+            Some(AbortOnDrop(tokio::spawn(node::tunnel::run(tunnel))))
+        }
+        None => None,
+    };
     let shutdown = CancellationToken::new();
     let redfish = match (&up, &components) {
         (Some(up), Some(c)) => {

@@ -428,6 +428,8 @@ async fn launcher_pods_are_placed_by_the_scheduler_and_own_their_qemu() {
         async move { ready.then_some(()) }
     })
     .await;
+    // The console through the API server and n2's agent tunnel (QEMU in its launcher pod).
+    console_echo(&c, "lp", "typed on n2").await;
     let qemu = qemu_pid(&run_dir);
     let in_pod: i32 = std::fs::read_to_string(run_dir.join("qemu.pid")).unwrap().trim().parse().unwrap();
     assert_ne!(in_pod, qemu.as_raw_nonzero().get(), "the pod's PID namespace: QEMU's pidfile holds its PID there, not here");
@@ -442,6 +444,8 @@ async fn launcher_pods_are_placed_by_the_scheduler_and_own_their_qemu() {
     let n2 = c.node_with("n2", &["--launcher-pods"]);
     n2.line(&format!("adopted QEMU {}", qemu.as_raw_nonzero()), "the restarted agent to adopt the launcher's QEMU").await;
     assert_eq!(c.running("lp", T).await.uid(), vmi.uid());
+    // The restarted agent's new tunnel replaces the dead one's.
+    console_echo(&c, "lp", "typed after the restart").await;
 
     // The launcher pod is deleted: QEMU goes with it, the VMI fails, and (runStrategy Always)
     // the VM gets a new VMI with a new launcher pod.
@@ -478,6 +482,34 @@ async fn launcher_pods_are_placed_by_the_scheduler_and_own_their_qemu() {
         pods.get_opt(&next_pod.name_any()).await.ok().flatten().is_none().then_some(())
     })
     .await;
+}
+
+/// A line typed into VM `vm`'s console through the API server's `console` websocket (as
+/// `virtctl console` from anywhere) reaches the guest, which answers `VP-ECHO <line>` over it.
+/// The agent's tunnel may still be connecting: 503 is retried until the deadline.
+async fn console_echo(c: &Cluster, vm: &str, line: &str) {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let streams = client::connect_with(Some(Path::new(&c.kubeconfig())), "test", client::Retries::None).await.unwrap();
+    let path = format!("/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{vm}/console");
+    let mut ws = common::wait_until(T, &format!("the console of {vm} through the node agent's tunnel"), || async {
+        client::upgrade::websocket(&streams, &path, api::tunnel::PLAIN_SUBPROTOCOL).await.ok()
+    })
+    .await;
+    ws.send(Message::binary(format!("{line}\n").into_bytes())).await.unwrap();
+    let want = format!("VP-ECHO {line}");
+    let mut got = String::new();
+    tokio::time::timeout(T, async {
+        while !got.contains(&want) {
+            match ws.next().await {
+                Some(Ok(Message::Binary(b))) => got.push_str(&String::from_utf8_lossy(&b)),
+                Some(Ok(_)) => {}
+                other => panic!("the console ended before {want:?}: {other:?}; got {got:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {want:?} on the console within {T:?}; got {got:?}"));
 }
 
 /// QEMU's PID here, as the node agent finds it (a launcher pod's QEMU is in the pod's PID

@@ -9,7 +9,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::up::{Up, SEE};
@@ -406,4 +408,122 @@ async fn a_guest_port_is_reached_through_its_forwarded_loopback_port() {
     assert_eq!(serde_json::from_str::<Value>(&again).unwrap(), forwards, "the same QEMU, the same ports");
     assert_eq!(up.uid("net1"), uid1, "the same VMI");
     assert_eq!(answer(&addr).as_deref(), Some(format!("VP-NET hello mac={derived}").as_str()));
+}
+
+/// A CLI process that only has a copy of the kubeconfig: no data dir, no `$HOME` config, run
+/// from an empty directory (what a user on another machine has).
+fn remote_cli(up: &Up, args: &[&str]) -> (Command, tempfile::TempDir) {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let kubeconfig = elsewhere.path().join("kubeconfig");
+    std::fs::copy(up.kubeconfig(), &kubeconfig).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_virtplug"));
+    cmd.args(args)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .current_dir(elsewhere.path())
+        .env("HOME", elsewhere.path())
+        .env_remove("KUBECONFIG");
+    (cmd, elsewhere)
+}
+
+/// Lines of a child's stdout, read on a thread, for waits with a deadline.
+fn line_reader(out: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits up to `deadline` for a line matching `pred`; panics naming `what` and the lines seen.
+fn wait_line(rx: &std::sync::mpsc::Receiver<String>, deadline: Duration, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let end = std::time::Instant::now() + deadline;
+    let mut seen = Vec::new();
+    loop {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if pred(l.trim_end_matches('\r')) => return l,
+            Ok(l) => seen.push(l),
+            Err(_) => panic!("no line with {what} within {deadline:?}; seen: {seen:?}"),
+        }
+    }
+}
+
+/// KubeVirt's `console` and `vnc` subresources through the API, from a process that has only
+/// the kubeconfig (as `virtctl console|vnc` from another machine): what the guest prints reaches
+/// it, a line typed into it reaches the guest (the test guest answers `VP-ECHO <line>`, also in
+/// QEMU's own log of the serial port), and the VNC proxy's first 12 bytes are QEMU's RFB
+/// version. Refusals come as KubeVirt's status codes, before any upgrade: no such VMI (404), a
+/// VMI that is not running (400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_and_vnc_through_the_api_from_a_process_with_only_the_kubeconfig() {
+    let up = Up::start();
+    up.vm("con1");
+    let uid = up.ready("con1").await;
+
+    let (mut cmd, _elsewhere) = remote_cli(&up, &["vm", "console", "con1"]);
+    let mut console = KillOnDrop(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    let out = line_reader(console.0.stdout.take().unwrap());
+    let err = line_reader(console.0.stderr.take().unwrap());
+    wait_line(&err, SEE, "the console's greeting", |l| l.contains("Successfully connected to con1 console. The escape sequence is ^]"));
+    let mut stdin = console.0.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, b"hello through the api\n").unwrap();
+    wait_line(&out, SEE, "the guest's answer over the websocket", |l| l == "VP-ECHO hello through the api");
+    up.see(&uid, "the guest's answer in QEMU's serial log", |l| l == "VP-ECHO hello through the api").await;
+    // `^]` leaves, as in virtctl.
+    std::io::Write::write_all(&mut stdin, b"\x1d").unwrap();
+    let status = common::wait_until(SEE, "the console to leave on ^]", || {
+        let s = console.0.try_wait().unwrap();
+        async move { s }
+    })
+    .await;
+    assert!(status.success(), "{status}");
+
+    let (mut cmd, _elsewhere) = remote_cli(&up, &["vm", "vnc", "con1", "--proxy-only"]);
+    let mut vnc = KillOnDrop(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    let out = line_reader(vnc.0.stdout.take().unwrap());
+    let port: Value = serde_json::from_str(&wait_line(&out, SEE, "the proxy's port", |l| l.starts_with("{\"port\":"))).unwrap();
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", u16::try_from(port["port"].as_u64().unwrap()).unwrap())).unwrap();
+    tcp.set_read_timeout(Some(SEE)).unwrap();
+    let mut version = [0u8; 12];
+    std::io::Read::read_exact(&mut tcp, &mut version).unwrap();
+    assert_eq!(&version, b"RFB 003.008\n");
+    drop(vnc);
+
+    let refused = |name: &str| {
+        let (mut cmd, _elsewhere) = remote_cli(&up, &["vm", "console", name]);
+        let out = cmd.stdin(Stdio::null()).output().unwrap();
+        assert!(!out.status.success(), "console {name} must fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = refused("nosuch");
+    assert!(e.contains(r#"virtualmachineinstances.kubevirt.io "nosuch" not found (404)"#), "{e}");
+    // A VMI no node can take stays Pending.
+    let vmi = up.dir.path().join("pending.json");
+    let g = common::guest::guest_dir();
+    std::fs::write(
+        &vmi,
+        json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "pending1"},
+            "spec": {"nodeSelector": {"no-such-label": "x"}, "domain": {"resources": {"requests": {"memory": "64Mi"}},
+                "firmware": {"kernelBoot": {"container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}}}})
+        .to_string(),
+    )
+    .unwrap();
+    up.kubectl(&["apply", "-f", vmi.to_str().unwrap()]);
+    let e = refused("pending1");
+    assert!(e.contains("VMI is not running (its phase is") && e.contains("(400)"), "{e}");
+}
+
+/// A child process killed (by its PID) and reaped when dropped, pass or fail.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

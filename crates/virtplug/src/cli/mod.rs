@@ -5,6 +5,7 @@
 //! Exit codes: 0 done; 1 the operation failed (API refusal, import failed, `--wait` timed out);
 //! 2 bad usage (clap). Errors go to stderr with what to do; `-o json|yaml` output is stable.
 
+mod console;
 mod fallback;
 mod hotplug;
 mod net;
@@ -50,6 +51,11 @@ pub(crate) fn humantime(s: &str) -> Result<Duration, String> {
 
 async fn connect(c: &Common) -> anyhow::Result<kube::Client> {
     crate::migrate::connect(c.kubeconfig.clone(), "cli").await
+}
+
+/// A client for upgraded connections (console, VNC): a refusal is reported at once, not retried.
+async fn connect_streams(c: &Common) -> anyhow::Result<kube::Client> {
+    crate::migrate::connect_with(c.kubeconfig.clone(), "cli", client::Retries::None).await
 }
 
 fn print_objects<T: serde::Serialize>(

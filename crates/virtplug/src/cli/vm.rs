@@ -1,5 +1,5 @@
 //! `virtplug vm`: create (from flags or a manifest), list, get, start, stop, restart, pause,
-//! unpause, softreboot, delete, console, port.
+//! unpause, softreboot, delete, console, vnc, port.
 
 use std::path::PathBuf;
 
@@ -62,12 +62,21 @@ pub enum Vm {
         #[arg(long, default_value = "TCP", value_parser = ["TCP", "UDP", "tcp", "udp"])]
         protocol: String,
     },
-    /// Attach to the serial console of a VM running on this machine (Ctrl-D or EOF to leave).
-    Console {
+    /// Attach to a running VM's serial console through the API (the `console` subresource, as
+    /// `virtctl console`): works wherever the kubeconfig works. `^]` leaves (or the end of
+    /// standard input when it is not a terminal).
+    Console { name: String },
+    /// Reach a running VM's VNC server through the API (the `vnc` subresource, as `virtctl
+    /// vnc`): prints a loopback address (127.0.0.1:PORT) for a VNC viewer and proxies every
+    /// connection to it until Ctrl-C.
+    Vnc {
         name: String,
-        /// The node's data dir [default: the `up` default].
+        /// The loopback port to listen on [default: any free one].
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Print only `{"port": PORT}` (virtctl's `--proxy-only` output) and proxy.
         #[arg(long)]
-        data_dir: Option<PathBuf>,
+        proxy_only: bool,
     },
 }
 
@@ -198,12 +207,8 @@ pub async fn vm(cmd: Vm, c: Common) -> anyhow::Result<()> {
             let (text, doc) = super::net::report(&super::net::find(&vmi, name, *port, protocol)?);
             report(&c.output, &text, &doc)?;
         }
-        Vm::Console { name, data_dir } => {
-            let vmi = vmis.get(name).await.map_err(api_err(&format!("get VMI {name} (is the VM running?)")))?;
-            let uid = vmi.uid().unwrap_or_default();
-            let dir = data_dir.clone().unwrap_or_else(crate::default_data_dir).join("node/vmis").join(&uid);
-            console(&dir.join("serial.sock")).await?;
-        }
+        Vm::Console { name } => super::console::console(&super::connect_streams(&c).await?, ns, name).await?,
+        Vm::Vnc { name, port, proxy_only } => super::console::vnc(&super::connect_streams(&c).await?, ns, name, *port, *proxy_only).await?,
     }
     Ok(())
 }
@@ -297,23 +302,4 @@ fn build_vm(a: &VmCreate, ns: &str) -> anyhow::Result<VirtualMachine> {
     let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name, "namespace": ns},
         "spec": {"runStrategy": a.run_strategy, "template": {"metadata": {"labels": {"kubevirt.io/vm": name}}, "spec": {"domain": domain, "volumes": volumes}}}});
     Ok(serde_json::from_value(vm)?)
-}
-
-async fn console(socket: &std::path::Path) -> anyhow::Result<()> {
-    use tokio::io::AsyncWriteExt;
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .with_context(|| format!("cannot connect to {} (the console works on the machine that runs the VM)", socket.display()))?;
-    eprintln!("connected to {} (Ctrl-D leaves)", socket.display());
-    let (mut rd, mut wr) = stream.into_split();
-    let out = tokio::spawn(async move {
-        let mut stdout = tokio::io::stdout();
-        let _ = tokio::io::copy(&mut rd, &mut stdout).await;
-        let _ = stdout.flush().await;
-    });
-    let mut stdin = tokio::io::stdin();
-    let _ = tokio::io::copy(&mut stdin, &mut wr).await;
-    let _ = wr.shutdown().await;
-    out.abort();
-    Ok(())
 }
