@@ -84,7 +84,7 @@ fn make_image(path: &Path, mib: u64) -> anyhow::Result<()> {
         block(&mut seed, &mut buf);
         f.write_all(&buf)?;
     }
-    f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    f.into_inner().map_err(std::io::IntoInnerError::into_error)?.sync_all()?;
     Ok(())
 }
 
@@ -207,12 +207,75 @@ impl Importer {
     }
 }
 
-/// One row of the table: an import and its floor, each timed `runs` times.
+/// What an import is compared with: the tools on the same file.
+#[derive(Clone, Copy)]
+enum Floor {
+    /// `curl -o FILE` from the same server.
+    Curl,
+    /// `qemu-img convert -O raw` of the local qcow2 file.
+    Convert,
+    /// `curl` to a file, then `qemu-img convert` of it: the importer's two steps.
+    CurlConvert,
+    /// `xz -d -T1 -c > FILE` of the local file.
+    Xz,
+}
+
+/// The files the floors read and write.
+struct Files {
+    qcow2: PathBuf,
+    xz: PathBuf,
+    /// The floor's output.
+    out: PathBuf,
+    /// [`Floor::CurlConvert`]'s download.
+    dl: PathBuf,
+}
+
+impl Floor {
+    fn label(self) -> &'static str {
+        match self {
+            Floor::Curl => "`curl -o FILE` + fsync",
+            Floor::Convert => "`qemu-img convert -O raw` + fsync",
+            Floor::CurlConvert => "`curl -o FILE` + `qemu-img convert -O raw` + fsync",
+            Floor::Xz => "`xz -d -T1 -c > FILE` + fsync",
+        }
+    }
+
+    /// Runs the floor on `url` (or its local file), fsyncs its output, removes what it wrote;
+    /// returns the time up to the fsync's end.
+    async fn time(self, url: &str, f: &Files, deadline: Duration) -> anyhow::Result<Duration> {
+        let (out, dl) = (path_str(&f.out)?, path_str(&f.dl)?);
+        let convert = |src: &str| command("qemu-img", &["convert", "-f", "qcow2", "-O", "raw", src, out]);
+        let t = Instant::now();
+        match self {
+            Floor::Curl => run(command("curl", &["-sSf", "-o", out, url]), deadline, "curl").await?,
+            Floor::Convert => run(convert(path_str(&f.qcow2)?), deadline, "qemu-img convert").await?,
+            Floor::CurlConvert => {
+                run(command("curl", &["-sSf", "-o", dl, url]), deadline, "curl").await?;
+                run(convert(dl), deadline, "qemu-img convert").await?;
+            }
+            Floor::Xz => {
+                let mut c = command("xz", &["-d", "-T1", "-c", path_str(&f.xz)?]);
+                c.stdout(std::fs::File::create(&f.out)?);
+                run(c, deadline, "xz -d").await?;
+            }
+        }
+        fsync(f.out.clone()).await?;
+        let took = t.elapsed();
+        for p in [&f.out, &f.dl] {
+            let _ = std::fs::remove_file(p);
+        }
+        Ok(took)
+    }
+}
+
+/// One row of the table: an image's import and its floor, each timed `runs` times.
 struct Row {
     image: &'static str,
+    /// The image's URL path.
+    path: &'static str,
     wire_mib: f64,
     virtplug: Vec<Duration>,
-    floor: &'static str,
+    floor: Floor,
     floor_times: Vec<Duration>,
 }
 
@@ -231,7 +294,7 @@ fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
 }
 
-#[allow(clippy::cast_precision_loss, clippy::too_many_lines)]
+#[allow(clippy::cast_precision_loss)]
 async fn bench(args: &Args) -> anyhow::Result<()> {
     let tmp;
     let work = match &args.work_dir {
@@ -243,7 +306,6 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
     };
     let deadline = Duration::from_secs(args.deadline);
     let (raw, qcow2, xz) = (work.join("disk.raw"), work.join("disk.qcow2"), work.join("disk.raw.xz"));
-    let (out, dl) = (work.join("floor.out"), work.join("floor.download"));
     println!("load average at start: {}", loadavg());
     let t = Instant::now();
     let mib = args.size_mib;
@@ -278,65 +340,28 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
         size: format!("{mib}Mi"),
         deadline,
     };
+    let files = Files { qcow2: qcow2.clone(), xz: xz.clone(), out: work.join("floor.out"), dl: work.join("floor.download") };
+    let row = |image: &'static str, path: &'static str, file: &Path, floor: Floor| -> anyhow::Result<Row> {
+        Ok(Row { image, path, wire_mib: wire(file)?, virtplug: vec![], floor, floor_times: vec![] })
+    };
     let mut rows = vec![
-        Row { image: "raw", wire_mib: wire(&raw)?, virtplug: vec![], floor: "`curl -o FILE` + fsync", floor_times: vec![] },
-        Row { image: "qcow2", wire_mib: wire(&qcow2)?, virtplug: vec![], floor: "`qemu-img convert -O raw` + fsync", floor_times: vec![] },
-        Row {
-            image: "qcow2",
-            wire_mib: wire(&qcow2)?,
-            virtplug: vec![],
-            floor: "`curl -o FILE` + `qemu-img convert -O raw` + fsync",
-            floor_times: vec![],
-        },
-        Row { image: "xz", wire_mib: wire(&xz)?, virtplug: vec![], floor: "`xz -d -T1 -c > FILE` + fsync", floor_times: vec![] },
+        row("raw", "/disk.raw", &raw, Floor::Curl)?,
+        row("qcow2", "/disk.qcow2", &qcow2, Floor::Convert)?,
+        row("qcow2", "/disk.qcow2", &qcow2, Floor::CurlConvert)?,
+        row("xz", "/disk.raw.xz", &xz, Floor::Xz)?,
     ];
     for run_no in 0..args.runs {
         for (i, row) in rows.iter_mut().enumerate() {
-            let url = match row.image {
-                "raw" => format!("{base}/disk.raw"),
-                "qcow2" => format!("{base}/disk.qcow2"),
-                _ => format!("{base}/disk.raw.xz"),
-            };
+            let url = format!("{base}{}", row.path);
             let took = importer.import(&format!("r{run_no}-{i}"), &url).await?;
             row.virtplug.push(took);
-            let t = Instant::now();
-            match i {
-                0 => run(command("curl", &["-sSf", "-o", path_str(&out)?, &url]), deadline, "curl").await?,
-                1 => {
-                    run(
-                        command("qemu-img", &["convert", "-f", "qcow2", "-O", "raw", path_str(&qcow2)?, path_str(&out)?]),
-                        deadline,
-                        "qemu-img convert",
-                    )
-                    .await?
-                }
-                2 => {
-                    run(command("curl", &["-sSf", "-o", path_str(&dl)?, &url]), deadline, "curl").await?;
-                    run(
-                        command("qemu-img", &["convert", "-f", "qcow2", "-O", "raw", path_str(&dl)?, path_str(&out)?]),
-                        deadline,
-                        "qemu-img convert",
-                    )
-                    .await?;
-                }
-                _ => {
-                    let mut c = command("xz", &["-d", "-T1", "-c", path_str(&xz)?]);
-                    c.stdout(std::fs::File::create(&out)?);
-                    run(c, deadline, "xz -d").await?;
-                }
-            }
-            fsync(out.clone()).await?;
-            let floor = t.elapsed();
+            let floor = row.floor.time(&url, &files, deadline).await?;
             row.floor_times.push(floor);
-            for f in [&out, &dl] {
-                let _ = std::fs::remove_file(f);
-            }
             println!(
-                "run {run_no}: {} {}: virtplug {:.2} s, floor ({}) {:.2} s",
+                "run {run_no}: {}: virtplug {:.2} s, floor ({}) {:.2} s",
                 row.image,
-                i,
                 took.as_secs_f64(),
-                row.floor,
+                row.floor.label(),
                 floor.as_secs_f64()
             );
         }
@@ -353,7 +378,7 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
             r.image,
             r.wire_mib,
             v.as_secs_f64(),
-            r.floor,
+            r.floor.label(),
             f.as_secs_f64(),
             vr / fr
         );
