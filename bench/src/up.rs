@@ -51,11 +51,20 @@ impl Drop for Up {
 /// # Errors
 /// When it cannot start or does not serve within a minute (with the tail of its log).
 pub async fn start_up(binary: &Path) -> anyhow::Result<Up> {
+    start_up_with(binary, &[]).await
+}
+
+/// [`start_up`] with `extra` arguments after `up`'s own (e.g. `--import-allow-host 127.0.0.1`).
+///
+/// # Errors
+/// As [`start_up`].
+pub async fn start_up_with(binary: &Path, extra: &[&str]) -> anyhow::Result<Up> {
     let dir = tempfile::tempdir()?;
     let log = std::fs::File::create(dir.path().join("up.log"))?;
     let mut child = Command::new(binary)
         .args(["up", "--listen", "127.0.0.1:0", "--node-name", "bench", "--accel", "tcg", "--data-dir"])
         .arg(dir.path())
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()

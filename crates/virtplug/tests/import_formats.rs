@@ -4,6 +4,8 @@
 //! gzip-compressed qcow2 land byte for byte; a corrupt qcow2, a qcow2 larger than its claim
 //! and decompression bombs end `Failed` with a clear reason and no file left behind; a
 //! `source.pvc` clone copies its source's bytes; unsupported sources are refused at admission.
+//! Through `virtplug up`, real `kubectl` and QEMU (TCG): a VM's disks imported from a qcow2 and
+//! an xz-compressed image hold, as the guest reads them, the bytes put into those images.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::up::SEE;
 use common::TestServer;
 use controller::storage::import::ImportConfig;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -162,6 +165,15 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     e.finish().unwrap()
 }
 
+/// A qcow2 image with a valid magic and garbage after it: version 3, a virtual size of 1 MiB
+/// where qcow2 keeps it, garbage everywhere else.
+fn corrupt_qcow2() -> Vec<u8> {
+    let mut corrupt: Vec<u8> = (0..(256u32 << 10)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    corrupt[..8].copy_from_slice(b"QFI\xfb\x00\x00\x00\x03");
+    corrupt[24..32].copy_from_slice(&(1u64 << 20).to_be_bytes());
+    corrupt
+}
+
 /// Names in `dir` other than the image: what an import left behind.
 fn leftovers(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -208,10 +220,7 @@ async fn qcow2_and_compressed_images_land_as_their_raw_disk() {
 async fn corrupt_oversized_and_bomb_images_fail_and_leave_nothing_behind() {
     let e = env().await;
     let work = tempfile::tempdir().unwrap();
-    // Magic, version 3, a virtual size of 1 MiB where qcow2 keeps it, garbage everywhere else.
-    let mut corrupt: Vec<u8> = (0..(256u32 << 10)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    corrupt[..8].copy_from_slice(b"QFI\xfb\x00\x00\x00\x03");
-    corrupt[24..32].copy_from_slice(&(1u64 << 20).to_be_bytes());
+    let corrupt = corrupt_qcow2();
     let big = work.path().join("big.qcow2");
     qemu_img(&["create", "-q", "-f", "qcow2", big.to_str().unwrap(), "64M"]);
     // 64 MiB of zeros compress to a few KiB; the claim is 4 MiB.
@@ -325,4 +334,81 @@ async fn a_qcow2_import_into_a_block_claim_lands_on_its_loop_device() {
     std::io::Read::read_exact(&mut std::fs::File::open(&dev).unwrap(), &mut data).unwrap();
     assert!(data == raw, "the disk's bytes, in order, on {}", dev.display());
     assert_eq!(leftovers(&e.claim_dir("blk").await), Vec::<String>::new(), "no scratch file left");
+}
+
+/// `bytes`' first 16 as the test guest prints a disk's (`BLOCK+ dev sectors HEX id=...`).
+fn hex16(bytes: &[u8]) -> String {
+    bytes[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What a KubeVirt user writes: a VM whose two disks are DataVolumes of its
+/// `dataVolumeTemplates`, imported over HTTP from a qcow2 image and an xz-compressed raw image.
+/// The VM starts once both are imported, and the guest reads on its two disks the markers put at
+/// the start of the images before they were converted or compressed, at the claim's size: served
+/// as they are, the guest would read the qcow2 or xz magic there. Then
+/// `virtplug volume import` of a corrupt qcow2 and of an xz bomb exits non-zero saying why,
+/// `kubectl` shows the DataVolume `Failed`, and the claim's directory holds only its blank image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_reads_the_bytes_of_disks_imported_from_qcow2_and_xz() {
+    let up = common::up::Up::start();
+    let work = tempfile::tempdir().unwrap();
+    let marked = |marker: &[u8; 16]| {
+        let mut v = pattern();
+        v[..16].copy_from_slice(marker);
+        v
+    };
+    let (q, x) = (marked(b"VP-IMPORT-QCOW2\n"), marked(b"VP-IMPORT-XZRAW\n"));
+    let base = serve(vec![
+        ("/disk.qcow2", to_qcow2(work.path(), &q)),
+        ("/disk.raw.xz", xz(&x, 6)),
+        ("/corrupt.qcow2", corrupt_qcow2()),
+        ("/bomb.raw.xz", xz(&vec![0u8; 64 << 20], 1)),
+    ])
+    .await;
+    let template = |name: &str, path: &str| {
+        json!({"metadata": {"name": name}, "spec": {"source": {"http": {"url": format!("{base}{path}")}},
+            "storage": {"resources": {"requests": {"storage": "8Mi"}}}}})
+    };
+    let templates = json!([template("imp-q", "/disk.qcow2"), template("imp-x", "/disk.raw.xz")]);
+    up.vm_with("imp", |vm| {
+        vm["spec"]["dataVolumeTemplates"] = templates;
+        let t = &mut vm["spec"]["template"]["spec"];
+        t["domain"]["devices"]["disks"] = json!([{"name": "q", "disk": {"bus": "virtio"}}, {"name": "x", "disk": {"bus": "virtio"}}]);
+        t["volumes"] = json!([{"name": "q", "dataVolume": {"name": "imp-q"}}, {"name": "x", "dataVolume": {"name": "imp-x"}}]);
+    });
+    let uid = up.ready("imp").await;
+    // Boot disks are virtio-blk, which the test guest reports without a serial: the disks are
+    // told apart by what they hold. Each is the claim's size (8 MiB: 16384 sectors) and starts
+    // with its image's marker.
+    let mut want = vec![format!("16384 {}", hex16(&q)), format!("16384 {}", hex16(&x))];
+    want.sort();
+    let seen = common::wait_until(SEE, "the guest to read both imported disks", || {
+        let mut got: Vec<String> = up
+            .serial_log(&uid)
+            .iter()
+            .filter_map(|l| l.strip_prefix("BLOCK+ vd"))
+            .map(|l| l.split_whitespace().skip(1).take(2).collect::<Vec<_>>().join(" "))
+            .collect();
+        got.sort();
+        async move { (got.len() >= 2).then_some(got) }
+    })
+    .await;
+    assert_eq!(seen, want, "the guest reads each image's marker on a disk of the claim's size");
+    for dv in ["imp-q", "imp-x"] {
+        let doc = up.json(&["get", "dv", dv]);
+        assert_eq!((doc["status"]["phase"].as_str(), doc["status"]["progress"].as_str()), (Some("Succeeded"), Some("100.0%")), "{doc}");
+    }
+
+    for (name, path, why) in
+        [("corrupt", "/corrupt.qcow2", "not a valid qcow2 image"), ("bomb", "/bomb.raw.xz", "decompresses (xz) to more than 4194304 bytes")]
+    {
+        let url = format!("{base}{path}");
+        let (ok, out) = up.run(env!("CARGO_BIN_EXE_virtplug"), &["volume", "import", name, "--url", &url, "--size", "4Mi"]);
+        assert!(!ok && out.contains(&format!("import of {name} failed")) && out.contains(why), "{name}: {out}");
+        let doc = up.json(&["get", "dv", name]);
+        assert_eq!(doc["status"]["phase"].as_str(), Some("Failed"), "{doc}");
+        let pvc = up.json(&["get", "pvc", name]);
+        let dir = PathBuf::from(pvc["metadata"]["annotations"]["virtplug.io/local-path"].as_str().unwrap());
+        assert_image(&dir, &[], 4 << 20, name);
+    }
 }

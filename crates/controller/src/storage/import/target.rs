@@ -268,14 +268,6 @@ impl Scratch {
     pub fn write_all(&mut self, buf: &[u8]) -> Result<(), TargetError> {
         self.file.write_all(buf).map_err(|source| TargetError::Io { what: "write", path: self.path.clone(), source })
     }
-
-    /// Flushes the file to disk before another process reads it.
-    ///
-    /// # Errors
-    /// The sync's error, with the path.
-    pub fn sync(&self) -> Result<(), TargetError> {
-        self.file.sync_data().map_err(|source| TargetError::Io { what: "sync", path: self.path.clone(), source })
-    }
 }
 
 impl Drop for Scratch {
