@@ -340,6 +340,16 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
         async move { vmis.get_opt("r").await.ok()?.filter(VirtualMachineInstance::is_running).map(|_| ()) }
     })
     .await;
+    // Its console through the API: the node agent's tunnel (nodes/tunnel) is asked to open a
+    // stream, which the agent dials back (nodes/streams). 503 while the tunnel still connects.
+    let streams = client::connect_with(Some(&kubeconfig), TEST_AGENT, client::Retries::None).await.unwrap();
+    let console = "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/r/console";
+    let ws = common::wait_until(RUN, "VMI r's console through the node agent's tunnel", || {
+        let streams = streams.clone();
+        async move { client::upgrade::websocket(&streams, console, api::tunnel::PLAIN_SUBPROTOCOL).await.ok() }
+    })
+    .await;
+    drop(ws);
 
     // A claim the local provisioner binds.
     let claim =
