@@ -342,6 +342,7 @@ async fn run(input: Value) {
         metrics: None,
         watches: apiserver::watch::WatchSlots::default(),
         kubevirt_subresources: true,
+        tunnels: Arc::default(),
     };
     let api = Api { router: axum::Router::new().fallback(apiserver::routes::dispatch).with_state(Arc::new(state)) };
 
