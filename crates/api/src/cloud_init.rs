@@ -153,13 +153,9 @@ fn source_causes(s: &CloudInitSource, field: &str) -> Vec<Cause> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validation::tests::vm;
     use crate::validation::validate_vm;
     use serde_json::{json, Value};
-
-    fn vm(disks: &Value, volumes: &Value) -> Value {
-        json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"vm1"},
-               "spec":{"runStrategy":"Always","template":{"spec":{"domain":{"devices":{"disks":disks}},"volumes":volumes}}}})
-    }
 
     /// The causes (field, first words of the message) of a VM with one cloud-init volume `ci`
     /// of `source` on a virtio disk.

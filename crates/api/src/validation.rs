@@ -384,11 +384,12 @@ fn domain(spec: &VirtualMachineInstanceSpec, prefix: &str) -> Vec<Cause> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    fn vm(disks: &Value, volumes: &Value) -> Value {
+    /// A VM with these disks and volumes (shared with the admission tests of other modules).
+    pub(crate) fn vm(disks: &Value, volumes: &Value) -> Value {
         json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"vm1"},
                "spec":{"runStrategy":"Always","template":{"spec":{"domain":{"devices":{"disks":disks}},"volumes":volumes}}}})
     }

@@ -89,13 +89,7 @@ impl Drop for Dir {
                 eprintln!("--- {name}.log (last 40 lines)\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
             }
         }
-        for d in std::fs::read_dir(self.0.path().join("node/vmis")).into_iter().flatten().flatten() {
-            if let Ok(p) = qemu::process::adopt(&d.path()) {
-                if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                }
-            }
-        }
+        common::guest::kill_qemus_under(&self.0.path().join("node/vmis"));
         for (dev, _) in controller::storage::loopdev::under(&self.0.path().join("storage")) {
             let _ = controller::storage::loopdev::detach(&dev);
         }
@@ -426,13 +420,7 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
         let _ = c.wait();
     }
     let first_uid = vmis.get("f").await.unwrap().metadata.uid;
-    for d in std::fs::read_dir(d.join("node/vmis")).into_iter().flatten().flatten() {
-        if let Ok(p) = qemu::process::adopt(&d.path()) {
-            if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-        }
-    }
+    common::guest::kill_qemus_under(&d.join("node/vmis"));
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     common::wait_until(STEP, "rbac-node taken out of scheduling after its heartbeat stopped", || {
         let nodes = nodes.clone();

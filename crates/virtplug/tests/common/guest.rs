@@ -85,3 +85,16 @@ pub async fn serve_file(body: Vec<u8>) -> String {
     });
     format!("http://{addr}/guest.iso")
 }
+
+/// SIGKILLs every QEMU whose run dir is under `vmis` (a node agent's `DATA_DIR/node/vmis`), found
+/// as the node agent adopts them (pidfile, else the QMP socket's peer): a test's cleanup, pass or
+/// fail, of guests its node agents left behind.
+pub fn kill_qemus_under(vmis: &Path) {
+    for d in std::fs::read_dir(vmis).into_iter().flatten().flatten() {
+        if let Ok(p) = qemu::process::adopt(&d.path()) {
+            if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}

@@ -27,13 +27,7 @@ impl Drop for Up {
             let _ = c.kill();
             let _ = c.wait();
         }
-        for d in std::fs::read_dir(self.dir.path().join("node/vmis")).into_iter().flatten().flatten() {
-            if let Ok(p) = qemu::process::adopt(&d.path()) {
-                if let Some(pid) = rustix::process::Pid::from_raw(p.pid) {
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                }
-            }
-        }
+        super::guest::kill_qemus_under(&self.dir.path().join("node/vmis"));
         for (dev, _) in controller::storage::loopdev::under(&self.dir.path().join("storage")) {
             let _ = controller::storage::loopdev::detach(&dev);
         }
