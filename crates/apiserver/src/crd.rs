@@ -317,7 +317,7 @@ async fn reconcile(objects: &Objects, name: &str) {
         }
         return;
     };
-    let crd = stored.object.as_ref().clone();
+    let crd = stored.object.value();
     if crd.pointer("/metadata/deletionTimestamp").is_some() {
         terminate(objects, def, name, &crd).await;
         return;
@@ -332,8 +332,8 @@ async fn reconcile(objects: &Objects, name: &str) {
         },
         Err(e) => (false, "TooManyRegistrations", e),
     };
-    let status = status_of(&crd, established, reason, &message, stored.object.get("status"));
-    if stored.object.get("status") == Some(&status) {
+    let status = status_of(&crd, established, reason, &message, crd.get("status"));
+    if crd.get("status") == Some(&status) {
         return;
     }
     let write = objects.update_with(def, None, name, Part::Status, false, |cur| {
@@ -389,9 +389,10 @@ async fn terminate(objects: &Objects, def: &ResourceDef, name: &str, crd: &Value
     let mut left = 0usize;
     if let Some(storage) = served.first() {
         for (_, obj) in objects.store.list(&storage.prefix(None), None).1 {
-            let n = obj.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
-            let ns = obj.object.pointer("/metadata/namespace").and_then(Value::as_str).map(str::to_owned);
-            match objects.delete(storage, ns.as_deref(), &n, &DeleteOptions::default()).await {
+            let meta = obj.object.metadata_view();
+            let n = meta.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
+            let ns = meta.pointer("/metadata/namespace").and_then(Value::as_str).map(str::to_owned);
+            match objects.delete(storage, ns.as_deref(), &n, &DeleteOptions::default()).await.map(|d| d.metadata_view()) {
                 Ok(v) if v.pointer("/metadata/deletionTimestamp").is_some() && v.pointer("/metadata/finalizers").is_some() => left += 1,
                 Ok(_) => {}
                 Err(e) if e.code == 404 => {}
@@ -457,7 +458,7 @@ pub async fn run(objects: Objects) {
         } else if ev.kind == EventType::Deleted {
             // An object of a terminating CRD went: that CRD may be released now.
             for (key, crd) in objects.store.list(&prefix, None).1 {
-                if crd.object.pointer("/metadata/deletionTimestamp").is_some() {
+                if crd.object.metadata_view().pointer("/metadata/deletionTimestamp").is_some() {
                     reconcile(&objects, key.trim_start_matches(&prefix)).await;
                 }
             }

@@ -204,7 +204,7 @@ impl Server {
         // Namespaces made before ServiceAccounts were served get their `default` one now.
         if let Some(nsdef) = nsdef {
             for (_, ns) in objects.list(nsdef, None, None).1 {
-                if let Some(name) = ns.pointer("/metadata/name").and_then(serde_json::Value::as_str) {
+                if let Some(name) = ns.value().pointer("/metadata/name").and_then(serde_json::Value::as_str) {
                     objects.ensure_default_service_account(name).await;
                 }
             }

@@ -16,10 +16,8 @@
 //! 504 "Too large resource version" (kube-apiserver's watch cache does the same). `Exact`: N only
 //! (410 once the store has moved past N, since lists are served from the current state).
 
-use std::sync::Arc;
-
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{json, Value};
 
@@ -28,7 +26,9 @@ use crate::objects::Objects;
 use crate::query::{ListOptions, RvMatch};
 use crate::registry::ResourceDef;
 use crate::reply::json_response;
+use crate::selectors::Selector;
 use crate::status::ApiError;
+use crate::store::Doc;
 use crate::{table, watch};
 
 /// The only token version issued and accepted.
@@ -123,10 +123,10 @@ pub async fn serve(objects: &Objects, def: &ResourceDef, ns: Option<&str>, opts:
         }
     }
     let list_rv = cont.as_ref().map_or(current_rv, |c| c.rv);
-    let mut selected: Vec<(&String, &Arc<Value>)> = Vec::new();
+    let mut selected: Vec<(&String, &Doc)> = Vec::new();
     let mut next = None;
     for (key, obj) in &items {
-        if !(opts.labels.matches_labels(obj) && opts.fields.matches_fields(obj)) {
+        if !Selector::doc_matches(&opts.labels, &opts.fields, obj) {
             continue;
         }
         if opts.limit.is_some_and(|l| selected.len() >= l) {
@@ -139,12 +139,32 @@ pub async fn serve(objects: &Objects, def: &ResourceDef, ns: Option<&str>, opts:
     if let Some(last) = next {
         meta["continue"] = json!(encode(&prefix, list_rv, &last));
     }
-    let objs: Vec<&Value> = selected.iter().map(|(_, o)| o.as_ref()).collect();
     if table::wants_table(accept) {
+        let objs: Vec<Value> = selected.iter().map(|(_, o)| o.value()).collect();
+        let objs: Vec<&Value> = objs.iter().collect();
         return Ok(json_response(StatusCode::OK, &table::table(def, &objs, &meta, &opts.include_object)));
     }
-    let body = json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": meta, "items": objs});
-    Ok(json_response(StatusCode::OK, &body))
+    let head = json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": meta});
+    Ok(splice_response(&head, selected.iter().map(|(_, o)| *o)))
+}
+
+/// `head` (an object) with an `items` array of the stored objects, spliced in as the store
+/// keeps them: nothing is parsed or encoded again.
+pub(crate) fn splice_response<'a>(head: &Value, items: impl ExactSizeIterator<Item = &'a Doc> + Clone) -> Response {
+    let head = head.to_string();
+    let size = head.len() + 12 + items.len() + items.clone().map(|d| d.bytes().len()).sum::<usize>();
+    let mut body = Vec::with_capacity(size);
+    // `head` is a JSON object: reopen it before its closing brace.
+    body.extend_from_slice(head.strip_suffix('}').unwrap_or(&head).as_bytes());
+    body.extend_from_slice(if head.len() > 2 { b",\"items\":[" } else { b"\"items\":[" });
+    for (i, d) in items.enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(d.bytes());
+    }
+    body.extend_from_slice(b"]}");
+    (StatusCode::OK, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 #[cfg(test)]

@@ -5,14 +5,12 @@
 mod apply;
 mod metadata;
 
-use std::sync::Arc;
-
 use serde_json::{json, Value};
 
 use crate::patch::{Patch, PatchKind};
 use crate::registry::{self, ResourceDef};
 use crate::status::ApiError;
-use crate::store::{Op, Store, StoreError, Stored};
+use crate::store::{Doc, Op, Store, StoreError, Stored};
 
 use metadata::{check_metadata, merge_server_fields, meta, meta_mut};
 pub use metadata::{check_type, Part};
@@ -165,7 +163,7 @@ impl Objects {
         let nsdef = registry::find("", "v1", "namespaces").ok_or_else(ApiError::no_resource)?;
         match self.store.get(&nsdef.key(None, ns)) {
             None => Err(ApiError::not_found("", "namespaces", ns)),
-            Some(s) if creating && s.object.pointer("/metadata/deletionTimestamp").is_some() => {
+            Some(s) if creating && s.object.value().pointer("/metadata/deletionTimestamp").is_some() => {
                 Err(ApiError::forbidden(format!("unable to create new content in namespace {ns} because it is being terminated")))
             }
             Some(_) => Ok(()),
@@ -177,7 +175,7 @@ impl Objects {
     /// # Errors
     /// 400 for a wrong kind, apiVersion or namespace, 404 for a missing namespace, 409
     /// AlreadyExists, 422 for an invalid name or spec.
-    pub async fn create(&self, def: &ResourceDef, ns: Option<&str>, obj: Value, write: impl Into<Write>) -> Result<Value, ApiError> {
+    pub async fn create(&self, def: &ResourceDef, ns: Option<&str>, obj: Value, write: impl Into<Write>) -> Result<Doc, ApiError> {
         let write = write.into();
         self.create_tracked(def, ns, obj, write.dry_run, Track::Update(write.manager.as_deref())).await
     }
@@ -189,7 +187,7 @@ impl Objects {
         mut obj: Value,
         dry_run: bool,
         track: Track<'_>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Doc, ApiError> {
         check_type(def, &mut obj)?;
         {
             let m = meta_mut(&mut obj);
@@ -270,14 +268,14 @@ impl Objects {
         self.validate(def, &name, &obj)?;
         crate::limits::check_object(def, &name, &obj)?;
         if dry_run {
-            return Ok(obj);
+            return Ok(Doc::new(&obj));
         }
         let key = def.key(ns, &name);
         let ev = self.store.write(Op::Create { key, object: obj }).await.map_err(|e| store_err(def, &name, e))?;
         if def.kind == "Namespace" {
             self.ensure_default_service_account(&name).await;
         }
-        Ok((*ev.object).clone())
+        Ok(ev.object)
     }
 
     /// Creates the namespace's `default` ServiceAccount when it is missing (the
@@ -329,7 +327,7 @@ impl Objects {
         mut obj: Value,
         part: Part,
         write: impl Into<Write>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Doc, ApiError> {
         let write = write.into();
         check_type(def, &mut obj)?;
         if meta_str(&obj, "name").is_some_and(|n| n != name) {
@@ -390,7 +388,7 @@ impl Objects {
         body: &[u8],
         part: Part,
         write: impl Into<Write>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Doc, ApiError> {
         let write = write.into();
         if kind == PatchKind::Apply {
             return self.apply(def, ns, name, body, part, &write).await.map(|(applied, _)| applied);
@@ -441,7 +439,7 @@ impl Objects {
         part: Part,
         dry_run: bool,
         compute: impl Fn(&Value) -> Result<Value, ApiError>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Doc, ApiError> {
         self.guaranteed_update(def, ns, name, false, dry_run, Track::Update(None), |cur| compute(&cur.object), part).await
     }
 
@@ -458,18 +456,18 @@ impl Objects {
         name: &str,
         dry_run: bool,
         compute: impl Fn(&Value) -> Result<Value, ApiError>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Doc, ApiError> {
         let key = def.key(Some(ns), name);
         for _ in 0..INTERNAL_RETRIES {
-            let cur = self.get(def, Some(ns), name)?;
+            let cur = Current::read(self, def, Some(ns), name)?;
             let mut new = compute(&cur.object)?;
             crate::apply::record_update(def, Part::Main, Some(&cur.object), &mut new, None);
             check_metadata(def, name, &new, Some(&cur.object))?;
             if dry_run {
-                return Ok(new);
+                return Ok(Doc::new(&new));
             }
             match self.store.write(Op::Update { key: key.clone(), expected: cur.rv, object: new }).await {
-                Ok(ev) => return Ok((*ev.object).clone()),
+                Ok(ev) => return Ok(ev.object),
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(store_err(def, name, e)),
             }
@@ -488,12 +486,12 @@ impl Objects {
         preconditioned: bool,
         dry_run: bool,
         track: Track<'_>,
-        compute: impl Fn(&Stored) -> Result<Value, ApiError>,
+        compute: impl Fn(&Current) -> Result<Value, ApiError>,
         part: Part,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Doc, ApiError> {
         let key = def.key(ns, name);
         for _ in 0..INTERNAL_RETRIES {
-            let cur = self.get(def, ns, name)?;
+            let cur = Current::read(self, def, ns, name)?;
             not_an_object(def, name, &cur.object)?;
             let mut new = compute(&cur)?;
             check_type(def, &mut new)?;
@@ -523,12 +521,12 @@ impl Objects {
                     return Err(ApiError::invalid(def.group, def.kind, name, &causes));
                 }
             }
-            if *cur.object == new {
-                return Ok(new);
+            if cur.object == new {
+                return Ok(cur.doc);
             }
             crate::limits::check_update(def, name, &cur.object, &new)?;
             if dry_run {
-                return Ok(new);
+                return Ok(Doc::new(&new));
             }
             let op = if meta(&new).get("deletionTimestamp").is_some() && !has_finalizers(&new) {
                 Op::Delete { key: key.clone(), expected: cur.rv }
@@ -536,7 +534,7 @@ impl Objects {
                 Op::Update { key: key.clone(), expected: cur.rv, object: new }
             };
             match self.store.write(op).await {
-                Ok(ev) => return Ok((*ev.object).clone()),
+                Ok(ev) => return Ok(ev.object),
                 Err(StoreError::Conflict { .. }) if !preconditioned => continue,
                 Err(e) => return Err(store_err(def, name, e)),
             }
@@ -549,7 +547,7 @@ impl Objects {
     ///
     /// # Errors
     /// 404; 409 when a precondition fails; 403 for the `default` namespace.
-    pub async fn delete(&self, def: &ResourceDef, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> Result<Value, ApiError> {
+    pub async fn delete(&self, def: &ResourceDef, ns: Option<&str>, name: &str, opts: &DeleteOptions) -> Result<Doc, ApiError> {
         if def.kind == "CustomResourceDefinition" && crate::crd::is_builtin(name) {
             return Err(ApiError::forbidden(format!(
                 "customresourcedefinitions.apiextensions.k8s.io \"{name}\" is forbidden: it is virtplug's own; deleting it would delete every object of it"
@@ -560,7 +558,7 @@ impl Objects {
         }
         let key = def.key(ns, name);
         for _ in 0..INTERNAL_RETRIES {
-            let cur = self.get(def, ns, name)?;
+            let cur = Current::read(self, def, ns, name)?;
             if let Some(uid) = &opts.uid {
                 let actual = meta_str(&cur.object, "uid").unwrap_or_default();
                 if uid != actual {
@@ -582,7 +580,7 @@ impl Objects {
                     ));
                 }
             }
-            let mut obj = (*cur.object).clone();
+            let mut obj = cur.object.clone();
             let policy_finalizer = match opts.propagation {
                 Some(Propagation::Foreground) => Some("foregroundDeletion"),
                 Some(Propagation::Orphan) => Some("orphan"),
@@ -602,8 +600,8 @@ impl Objects {
             }
             // A stored value that is not an object has no finalizers to honour: it just goes.
             let op = if obj.is_object() && has_finalizers(&obj) {
-                if already_deleting && *cur.object == obj {
-                    return Ok(obj);
+                if already_deleting && cur.object == obj {
+                    return Ok(cur.doc);
                 }
                 let m = meta_mut(&mut obj);
                 if !already_deleting {
@@ -623,10 +621,10 @@ impl Objects {
                 Op::Delete { key: key.clone(), expected: cur.rv }
             };
             if opts.dry_run {
-                return Ok(obj);
+                return Ok(Doc::new(&obj));
             }
             match self.store.write(op).await {
-                Ok(ev) => return Ok((*ev.object).clone()),
+                Ok(ev) => return Ok(ev.object),
                 Err(StoreError::Conflict { .. }) if opts.resource_version.is_none() => continue,
                 Err(e) => return Err(store_err(def, name, e)),
             }
@@ -636,8 +634,24 @@ impl Objects {
 
     /// All objects of `def` in `ns` (all namespaces when `None`), after `after`, with the revision.
     #[must_use]
-    pub fn list(&self, def: &ResourceDef, ns: Option<&str>, after: Option<&str>) -> (u64, Vec<(String, Arc<Value>)>) {
+    pub fn list(&self, def: &ResourceDef, ns: Option<&str>, after: Option<&str>) -> (u64, Vec<(String, Doc)>) {
         let (rv, items) = self.store.list(&def.prefix(ns), after);
         (rv, items.into_iter().map(|(k, s)| (k, s.object)).collect())
+    }
+}
+
+/// An object read for a read-modify-write: its revision, its stored JSON (answered as it is when
+/// the write changes nothing) and the object parsed once for the computation.
+pub(crate) struct Current {
+    pub rv: u64,
+    pub doc: Doc,
+    pub object: Value,
+}
+
+impl Current {
+    pub(crate) fn read(objects: &Objects, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<Current, ApiError> {
+        let Stored { rv, object: doc } = objects.get(def, ns, name)?;
+        let object = doc.value();
+        Ok(Current { rv, doc, object })
     }
 }

@@ -36,7 +36,7 @@ async fn a_namespace_whose_status_is_not_an_object_can_still_be_deleted() {
     let doomed = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "doomed", "uid": "u1"},
         "spec": {"finalizers": ["kubernetes"]}, "status": "Active"});
     put(&o, ns.key(None, "doomed"), doomed).await;
-    let deleting = o.delete(ns, None, "doomed", &DeleteOptions::default()).await.unwrap_or_else(|e| panic!("{}", e.message));
+    let deleting = o.delete(ns, None, "doomed", &DeleteOptions::default()).await.unwrap_or_else(|e| panic!("{}", e.message)).value();
     assert_eq!(deleting["status"], json!({"phase": "Terminating"}));
     assert!(deleting.pointer("/metadata/deletionTimestamp").is_some());
     // The collector finishes it: no content, so the finalizer goes and the namespace with it.

@@ -11,6 +11,12 @@ pub(crate) fn json_response(code: StatusCode, v: &Value) -> Response {
     (code, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
 }
 
+/// A stored object as `application/json` with `code`: its bytes as the store keeps them, not
+/// encoded again.
+pub(crate) fn doc_response(code: StatusCode, doc: &crate::store::Doc) -> Response {
+    (code, [(header::CONTENT_TYPE, "application/json")], doc.bytes().clone()).into_response()
+}
+
 /// A watch stream body.
 pub(crate) fn stream_response(body: Body) -> Response {
     (StatusCode::OK, [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-cache, private")], body).into_response()

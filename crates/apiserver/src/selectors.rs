@@ -144,6 +144,23 @@ impl Selector {
         Ok(Selector { reqs })
     }
 
+    /// Whether this is the empty selector (it matches everything).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.reqs.is_empty()
+    }
+
+    /// Whether a stored object matches both selectors, parsing only what they need: nothing
+    /// for empty selectors, the metadata for labels alone, the object for fields.
+    #[must_use]
+    pub fn doc_matches(labels: &Selector, fields: &Selector, doc: &crate::store::Doc) -> bool {
+        if labels.is_empty() && fields.is_empty() {
+            return true;
+        }
+        let obj = if fields.is_empty() { doc.metadata_view() } else { doc.value() };
+        labels.matches_labels(&obj) && fields.matches_fields(&obj)
+    }
+
     /// Whether the object's labels match.
     #[must_use]
     pub fn matches_labels(&self, obj: &Value) -> bool {

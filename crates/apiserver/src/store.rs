@@ -37,7 +37,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 use tokio::sync::{broadcast, oneshot};
 
+pub mod doc;
 pub mod space;
+
+pub use doc::Doc;
 
 /// What changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,14 +83,14 @@ pub struct Event {
     pub rv: u64,
     pub key: String,
     pub kind: EventType,
-    pub object: Arc<Value>,
+    pub object: Doc,
 }
 
 /// An object as stored.
 #[derive(Clone, Debug)]
 pub struct Stored {
     pub rv: u64,
-    pub object: Arc<Value>,
+    pub object: Doc,
 }
 
 /// Errors of the store.
@@ -224,8 +227,7 @@ impl Store {
             let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, Vec<u8>>(2)?))).map_err(sql)?;
             for row in rows {
                 let (key, rv, value) = row.map_err(sql)?;
-                let object: Value = serde_json::from_slice(&value).unwrap_or(Value::Null);
-                objects.insert(key, Stored { rv: u64::try_from(rv).unwrap_or(0), object: Arc::new(object) });
+                objects.insert(key, Stored { rv: u64::try_from(rv).unwrap_or(0), object: Doc::from_stored(value) });
             }
         }
         let mut log = VecDeque::new();
@@ -238,12 +240,11 @@ impl Store {
                 .map_err(sql)?;
             for row in rows {
                 let (rv, key, kind, value) = row.map_err(sql)?;
-                let object: Value = serde_json::from_slice(&value).unwrap_or(Value::Null);
                 log.push_back(Event {
                     rv: u64::try_from(rv).unwrap_or(0),
                     key,
                     kind: EventType::from_code(kind),
-                    object: Arc::new(object),
+                    object: Doc::from_stored(value),
                 });
             }
         }
@@ -419,7 +420,7 @@ impl Writer {
                 }
                 (Op::Delete { expected, .. }, Some(cur)) => {
                     if cur.rv == expected {
-                        Ok((EventType::Deleted, (*cur.object).clone()))
+                        Ok((EventType::Deleted, cur.object.value()))
                     } else {
                         Err(StoreError::Conflict { key: key.clone(), expected, actual: cur.rv })
                     }
@@ -434,8 +435,8 @@ impl Writer {
                     if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
                         meta.insert("resourceVersion".into(), Value::String(revision.to_string()));
                     }
-                    let object = Arc::new(object);
-                    let stored = (kind != EventType::Deleted).then(|| Stored { rv: revision, object: Arc::clone(&object) });
+                    let object = Doc::new(&object);
+                    let stored = (kind != EventType::Deleted).then(|| Stored { rv: revision, object: object.clone() });
                     overlay.insert(key.clone(), stored);
                     accepted.push((Event { rv: revision, key, kind, object }, w.reply));
                 }
@@ -457,7 +458,7 @@ impl Writer {
                     st.objects.remove(&event.key);
                 }
                 _ => {
-                    st.objects.insert(event.key.clone(), Stored { rv: event.rv, object: Arc::clone(&event.object) });
+                    st.objects.insert(event.key.clone(), Stored { rv: event.rv, object: event.object.clone() });
                 }
             }
             st.log.push_back(event.clone());
@@ -479,13 +480,12 @@ impl Writer {
     /// Checks the free space, then writes the batch in one transaction. On any failure nothing
     /// of it is stored and the connection is left ready for the next batch.
     fn store_batch(&mut self, accepted: &[(Event, oneshot::Sender<Result<Event, StoreError>>)], revision: u64) -> Result<(), Refused> {
-        let bytes: Vec<Vec<u8>> = accepted.iter().map(|(e, _)| serde_json::to_vec(&*e.object).unwrap_or_default()).collect();
-        let total = bytes.iter().map(|b| b.len() as u64).sum::<u64>();
+        let total = accepted.iter().map(|(e, _)| e.object.bytes().len() as u64).sum::<u64>();
         if let Err(e) = self.space.check(total, accepted.len() as u64) {
             tracing::warn!("refusing {} write(s): {e}", accepted.len());
             return Err(Refused::Space(e));
         }
-        let Err(source) = self.persist(accepted, &bytes, revision) else { return Ok(()) };
+        let Err(source) = self.persist(accepted, revision) else { return Ok(()) };
         // A failed COMMIT may leave the transaction open (SQLite keeps it after some errors):
         // close it, or every later batch would fail to begin.
         if !self.conn.is_autocommit() {
@@ -506,18 +506,14 @@ impl Writer {
         }
     }
 
-    fn persist(
-        &mut self,
-        accepted: &[(Event, oneshot::Sender<Result<Event, StoreError>>)],
-        bytes: &[Vec<u8>],
-        revision: u64,
-    ) -> rusqlite::Result<()> {
+    fn persist(&mut self, accepted: &[(Event, oneshot::Sender<Result<Event, StoreError>>)], revision: u64) -> rusqlite::Result<()> {
         let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         {
             let mut put = tx.prepare_cached("INSERT OR REPLACE INTO objects (key, rv, value) VALUES (?1, ?2, ?3)")?;
             let mut del = tx.prepare_cached("DELETE FROM objects WHERE key = ?1")?;
             let mut log = tx.prepare_cached("INSERT INTO log (rv, key, type, value) VALUES (?1, ?2, ?3, ?4)")?;
-            for ((e, _), bytes) in accepted.iter().zip(bytes) {
+            for (e, _) in accepted {
+                let bytes = &e.object.bytes()[..];
                 let rv = i64::try_from(e.rv).unwrap_or(i64::MAX);
                 if e.kind == EventType::Deleted {
                     del.execute([&e.key])?;
@@ -563,7 +559,7 @@ mod tests {
         }
         let s = Store::open(&path, &cfg).unwrap();
         assert_eq!(s.revision(), 3);
-        assert_eq!(s.get("a").unwrap().object["metadata"]["resourceVersion"], "1");
+        assert_eq!(s.get("a").unwrap().object.value()["metadata"]["resourceVersion"], "1");
         assert!(s.get("b").is_none());
         let (backlog, _) = s.watch(1).unwrap();
         assert_eq!(backlog.iter().map(|e| (e.rv, e.kind)).collect::<Vec<_>>(), [(2, EventType::Added), (3, EventType::Deleted)]);

@@ -13,7 +13,8 @@ use crate::limits::FRESHNESS_WAIT;
 use crate::objects::{DeleteOptions, Propagation, Write};
 use crate::patch::PatchKind;
 use crate::query;
-use crate::reply::json_response;
+use crate::reply::{doc_response, json_response};
+use crate::selectors::Selector;
 use crate::status::ApiError;
 use crate::target::Resource;
 use crate::{list, table, watch};
@@ -40,12 +41,13 @@ pub async fn get(c: Call<'_>, r: Resource) -> Answer {
     if let Some(rv) = r.opts.resource_version.filter(|rv| *rv > 0) {
         watch::wait_for_revision(&objects.store, rv, FRESHNESS_WAIT).await?;
     }
-    let obj = objects.get(r.def, ns, name)?.object;
+    let doc = objects.get(r.def, ns, name)?.object;
     if table::wants_table(accept) {
+        let obj = doc.value();
         let t = table::table(r.def, &[&obj], &json!({"resourceVersion": obj.pointer("/metadata/resourceVersion")}), &r.opts.include_object);
         return Ok(json_response(StatusCode::OK, &t));
     }
-    Ok(json_response(StatusCode::OK, &obj))
+    Ok(doc_response(StatusCode::OK, &doc))
 }
 
 /// `POST` to a collection.
@@ -57,7 +59,7 @@ pub async fn create(mut c: Call<'_>, r: Resource) -> Answer {
     }
     let write = write_options(&c, &r, "CreateOptions", false)?;
     let created = c.st.objects.create(r.def, r.ns.as_deref(), obj, write).await?;
-    Ok(json_response(StatusCode::CREATED, &created))
+    Ok(doc_response(StatusCode::CREATED, &created))
 }
 
 /// An access review: answered, not stored (201, as kube-apiserver).
@@ -76,7 +78,7 @@ pub async fn replace(mut c: Call<'_>, r: Resource) -> Answer {
     let obj = parse_body(&c, &body)?;
     let write = write_options(&c, &r, "UpdateOptions", false)?;
     let out = c.st.objects.replace(r.def, r.ns.as_deref(), r.name()?, obj, r.part(), write).await?;
-    Ok(json_response(StatusCode::OK, &out))
+    Ok(doc_response(StatusCode::OK, &out))
 }
 
 /// `PATCH` of an object or its status: JSON, merge or strategic merge patch, or server-side
@@ -95,10 +97,10 @@ pub async fn patch(mut c: Call<'_>, r: Resource) -> Answer {
     let (objects, ns, name) = (&c.st.objects, r.ns.as_deref(), r.name()?);
     if kind == PatchKind::Apply {
         let (out, created) = objects.apply(r.def, ns, name, &body, r.part(), &write).await?;
-        return Ok(json_response(if created { StatusCode::CREATED } else { StatusCode::OK }, &out));
+        return Ok(doc_response(if created { StatusCode::CREATED } else { StatusCode::OK }, &out));
     }
     let out = objects.patch(r.def, ns, name, kind, &body, r.part(), write).await?;
-    Ok(json_response(StatusCode::OK, &out))
+    Ok(doc_response(StatusCode::OK, &out))
 }
 
 /// The write options of a create, update or patch: `dryRun`, the field manager (`fieldManager`,
@@ -135,7 +137,7 @@ pub async fn delete(mut c: Call<'_>, r: Resource) -> Answer {
     let body = c.body().await?;
     let opts = delete_options(&c.query, &body, r.opts.dry_run)?;
     let out = c.st.objects.delete(r.def, r.ns.as_deref(), r.name()?, &opts).await?;
-    Ok(json_response(StatusCode::OK, &out))
+    Ok(doc_response(StatusCode::OK, &out))
 }
 
 /// `DELETE` of a collection: every object the label and field selectors match; the answer
@@ -146,7 +148,8 @@ pub async fn delete_collection(mut c: Call<'_>, r: Resource) -> Answer {
     let (def, objects) = (r.def, &c.st.objects);
     let (rv, items) = objects.list(def, r.ns.as_deref(), None);
     let mut deleted = Vec::new();
-    for (_, obj) in items.iter().filter(|(_, o)| r.opts.labels.matches_labels(o) && r.opts.fields.matches_fields(o)) {
+    for (_, doc) in items.iter().filter(|(_, o)| Selector::doc_matches(&r.opts.labels, &r.opts.fields, o)) {
+        let obj = doc.metadata_view();
         let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
         let ons = obj.pointer("/metadata/namespace").and_then(Value::as_str);
         match objects.delete(def, ons, name, &del).await {
@@ -155,11 +158,9 @@ pub async fn delete_collection(mut c: Call<'_>, r: Resource) -> Answer {
             Err(e) => return Err(e),
         }
     }
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(),
-        "metadata": {"resourceVersion": rv.to_string()}, "items": deleted}),
-    ))
+    let head =
+        json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
+    Ok(list::splice_response(&head, deleted.iter()))
 }
 
 /// Parses a JSON or YAML body into an object (see [`crate::body`]; JSON unless the content

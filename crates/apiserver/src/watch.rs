@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::Response;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
@@ -35,7 +35,7 @@ use crate::registry::ResourceDef;
 use crate::reply::stream_response;
 use crate::selectors::Selector;
 use crate::status::ApiError;
-use crate::store::{Event, EventType, Store, StoreError};
+use crate::store::{Doc, Event, EventType, Store, StoreError};
 use crate::table;
 
 /// How long a watch without `timeoutSeconds` stays open (the apiserver's default is 30–60 min).
@@ -124,11 +124,11 @@ struct Filter {
 }
 
 impl Filter {
-    fn matches(&self, key: &str, obj: &Value) -> bool {
-        key.starts_with(&self.prefix)
-            && self.name.as_deref().is_none_or(|n| obj.pointer("/metadata/name").and_then(Value::as_str) == Some(n))
-            && self.labels.matches_labels(obj)
-            && self.fields.matches_fields(obj)
+    /// Keys are `prefix` + name, so the name is checked on the key and the object is parsed only
+    /// for selectors.
+    fn matches(&self, key: &str, obj: &Doc) -> bool {
+        key.strip_prefix(&self.prefix).is_some_and(|n| self.name.as_deref().is_none_or(|want| n == want))
+            && Selector::doc_matches(&self.labels, &self.fields, obj)
     }
 }
 
@@ -190,11 +190,11 @@ pub fn serve(
     let requested = opts.resource_version;
     let as_table = table::wants_table(accept);
     let store = objects.store.clone();
-    let (tx, rx) = mpsc::channel::<Result<String, std::io::Error>>(64);
+    let (tx, rx) = mpsc::channel::<Result<Vec<u8>, std::io::Error>>(64);
     let stream = async move {
         let _slot = slot;
         let mut enc = Encoder { def, as_table, header_sent: false };
-        let send = |line: String| {
+        let send = |line: Vec<u8>| {
             let tx = tx.clone();
             async move { tx.send(Ok(line)).await.is_ok() }
         };
@@ -213,7 +213,7 @@ pub fn serve(
         if initial_events {
             let mark = json!({"type": "BOOKMARK", "object": {"kind": def.kind, "apiVersion": def.api_version(),
                 "metadata": {"resourceVersion": start.to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}}});
-            if !send(format!("{mark}\n")).await {
+            if !send(format!("{mark}\n").into_bytes()).await {
                 return;
             }
         }
@@ -234,7 +234,7 @@ pub fn serve(
                 _ = tick.tick(), if bookmarks => {
                     let mark = json!({"type": "BOOKMARK", "object": {"kind": def.kind, "apiVersion": def.api_version(),
                         "metadata": {"resourceVersion": last.max(store.revision()).to_string()}}});
-                    if !send(format!("{mark}\n")).await { return; }
+                    if !send(format!("{mark}\n").into_bytes()).await { return; }
                 }
                 got = live.recv() => match got {
                     Ok(e) => {
@@ -256,8 +256,8 @@ pub fn serve(
     Ok(stream_response(Body::from_stream(ReceiverStream::new(rx))))
 }
 
-fn error_line(e: &ApiError) -> String {
-    format!("{}\n", json!({"type": "ERROR", "object": e.to_status()}))
+fn error_line(e: &ApiError) -> Vec<u8> {
+    format!("{}\n", json!({"type": "ERROR", "object": e.to_status()})).into_bytes()
 }
 
 struct Encoder {
@@ -271,7 +271,7 @@ impl Encoder {
     /// shape), an `ERROR` line naming the object instead (the client ends the watch and lists
     /// again) and the panic is logged: one object never silently kills the stream, nor is its
     /// event silently skipped.
-    fn line_or_error(&mut self, e: &Event) -> String {
+    fn line_or_error(&mut self, e: &Event) -> Vec<u8> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.line(e))) {
             Ok(line) => line,
             Err(panic) => {
@@ -282,18 +282,24 @@ impl Encoder {
         }
     }
 
-    fn line(&mut self, e: &Event) -> String {
-        let object = if self.as_table {
-            let mut t = table::table(self.def, &[&e.object], &json!({"resourceVersion": e.rv.to_string()}), "Metadata");
+    /// The event's line: the stored object spliced in as it is (a Table is built from it).
+    fn line(&mut self, e: &Event) -> Vec<u8> {
+        if self.as_table {
+            let mut t = table::table(self.def, &[&e.object.value()], &json!({"resourceVersion": e.rv.to_string()}), "Metadata");
             if self.header_sent {
                 t["columnDefinitions"] = json!([]);
             }
             self.header_sent = true;
-            t
-        } else {
-            (*e.object).clone()
-        };
-        format!("{}\n", json!({"type": e.kind.as_str(), "object": object}))
+            return format!("{}\n", json!({"type": e.kind.as_str(), "object": t})).into_bytes();
+        }
+        let object = e.object.bytes();
+        let mut line = Vec::with_capacity(object.len() + 32);
+        line.extend_from_slice(b"{\"type\":\"");
+        line.extend_from_slice(e.kind.as_str().as_bytes());
+        line.extend_from_slice(b"\",\"object\":");
+        line.extend_from_slice(object);
+        line.extend_from_slice(b"}\n");
+        line
     }
 }
 

@@ -99,7 +99,7 @@ async fn a_namespace_whose_status_has_the_wrong_shape_is_still_deleted() {
     let store = &s.server.objects().store;
     let key = "//namespaces/doomed";
     let cur = store.get(key).unwrap();
-    let mut bad = (*cur.object).clone();
+    let mut bad = cur.object.value();
     bad["status"] = json!("Active");
     store.write(apiserver::store::Op::Update { key: key.to_owned(), expected: cur.rv, object: bad }).await.unwrap();
 

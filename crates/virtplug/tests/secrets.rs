@@ -150,8 +150,8 @@ async fn string_data_is_folded_into_data_on_every_write_and_never_stored() {
     let stored = get().await;
     assert!(stored.get("stringData").is_none(), "{stored}");
     assert_eq!(stored["data"], json!({"a": "b25l", "b": "dHdv", "c": "dGhyZWU=", "d": "Zm91cg=="}));
-    let raw = s.server.objects().store.get("//secrets/default/sd").unwrap();
-    assert!(raw.object.get("stringData").is_none(), "not in the store either: {}", raw.object);
+    let raw = s.server.objects().store.get("//secrets/default/sd").unwrap().object.value();
+    assert!(raw.get("stringData").is_none(), "not in the store either: {raw}");
 }
 
 /// kube-rs with k8s-openapi's typed `Secret`: create, get, list, replace, patch, delete, with

@@ -72,7 +72,7 @@ fn object_at<'a>(v: &'a mut Value, ptr: &str) -> Option<&'a mut serde_json::Map<
 /// 404 without the object or a scale subresource; 500 when the object has no replicas.
 pub async fn get(c: Call<'_>, r: Resource) -> Result<Response, ApiError> {
     let scale = scale_of(&r)?;
-    let obj = c.st.objects.get(r.def, r.ns.as_deref(), r.name()?)?.object;
+    let obj = c.st.objects.get(r.def, r.ns.as_deref(), r.name()?)?.object.value();
     Ok(json_response(StatusCode::OK, &view(scale, &obj)?))
 }
 
@@ -134,5 +134,5 @@ async fn write(objects: &Objects, r: &Resource, compute: impl Fn(&Value) -> Resu
             Ok(next)
         })
         .await?;
-    Ok(json_response(StatusCode::OK, &view(scale, &written)?))
+    Ok(json_response(StatusCode::OK, &view(scale, &written.value())?))
 }

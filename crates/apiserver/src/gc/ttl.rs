@@ -52,13 +52,14 @@ pub async fn expire(objects: &Objects, ttl: Duration) -> usize {
     for def in registry::all().into_iter().filter(|d| d.kind == "Event") {
         let (_, items) = objects.store.list(&def.prefix(None), None);
         for (_, stored) in items {
-            let Some(seen) = last_seen(&stored.object, now) else { continue };
+            let event = stored.object.value();
+            let Some(seen) = last_seen(&event, now) else { continue };
             let age = now.duration_since(seen);
             if age.is_negative() || age.unsigned_abs() <= ttl {
                 continue;
             }
-            let ns = stored.object.pointer("/metadata/namespace").and_then(Value::as_str);
-            let Some(name) = stored.object.pointer("/metadata/name").and_then(Value::as_str) else { continue };
+            let ns = event.pointer("/metadata/namespace").and_then(Value::as_str);
+            let Some(name) = event.pointer("/metadata/name").and_then(Value::as_str) else { continue };
             // Only the revision judged old: an Event bumped meanwhile fails the precondition.
             let opts = DeleteOptions { resource_version: Some(stored.rv.to_string()), ..DeleteOptions::default() };
             match objects.delete(def, ns, name, &opts).await {

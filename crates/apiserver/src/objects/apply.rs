@@ -15,6 +15,7 @@ use super::{meta_str, Objects, Part, Track, Write, INTERNAL_RETRIES};
 use crate::limits::MAX_YAML_EXPANSION_BYTES;
 use crate::registry::ResourceDef;
 use crate::status::ApiError;
+use crate::store::Doc;
 
 impl Objects {
     /// Applies `body` for `write.manager`; returns the object and whether the apply created it.
@@ -29,7 +30,7 @@ impl Objects {
         body: &[u8],
         part: Part,
         write: &Write,
-    ) -> Result<(Value, bool), ApiError> {
+    ) -> Result<(Doc, bool), ApiError> {
         let manager = write.manager.as_deref().filter(|m| !m.is_empty()).ok_or_else(|| {
             let cause = api::validation::Cause::new(
                 api::validation::CauseType::Required,

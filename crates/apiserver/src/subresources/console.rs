@@ -63,7 +63,7 @@ pub async fn handle(mut c: Call<'_>) -> Result<Response, ApiError> {
     let handshake = Handshake::check(&c.parts.headers, kind.as_str(), PLAIN_SUBPROTOCOL)?;
     let (ns, name) = (c.capture("namespace").to_owned(), c.capture("name").to_owned());
     let def = registry::find("kubevirt.io", "v1", "virtualmachineinstances").ok_or_else(ApiError::no_resource)?;
-    let vmi = c.st.objects.get(def, Some(&ns), &name)?.object;
+    let vmi = c.st.objects.get(def, Some(&ns), &name)?.object.value();
     let node = node_of(kind, &vmi)?.to_owned();
     let uid = vmi.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_owned();
     let upgrade = websocket::take_upgrade(&mut c.parts)?;

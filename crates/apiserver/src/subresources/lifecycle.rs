@@ -66,12 +66,12 @@ pub async fn handle(objects: &Objects, ns: &str, name: &str, sub: &str, body: &[
     let dry = body_dry || query_dry_run;
     let vm_def = registry::find("kubevirt.io", "v1", "virtualmachines").ok_or_else(ApiError::no_resource)?;
     let vmi_def = registry::find("kubevirt.io", "v1", "virtualmachineinstances").ok_or_else(ApiError::no_resource)?;
-    let vm = objects.get(vm_def, Some(ns), name)?.object;
+    let vm = objects.get(vm_def, Some(ns), name)?.object.value();
     let vm: &Value = &vm;
     let spec: VirtualMachineSpec = serde_json::from_value(vm.get("spec").cloned().unwrap_or(Value::Null))
         .map_err(|e| ApiError::internal(format!("VM {ns}/{name} has a spec that cannot be read: {e}")))?;
     let vmi = match objects.get(vmi_def, Some(ns), name) {
-        Ok(s) => Some((*s.object).clone()),
+        Ok(s) => Some(s.object.value()),
         Err(e) if e.code == 404 => None,
         Err(e) => return Err(e),
     };

@@ -148,7 +148,7 @@ pub async fn handle(
     };
     let is_vm = plural == "virtualmachines";
     if !is_vm {
-        let vmi: api::VirtualMachineInstance = serde_json::from_value((*objects.get(def, Some(ns), name)?.object).clone())
+        let vmi: api::VirtualMachineInstance = serde_json::from_slice(objects.get(def, Some(ns), name)?.object.bytes())
             .map_err(|e| ApiError::internal(format!("VMI {ns}/{name} cannot be read: {e}")))?;
         if owned_by_vm(&vmi) {
             return Err(ApiError::bad_request(format!(
