@@ -177,6 +177,24 @@ mod tests {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
     }
 
+    async fn body_of(r: Response) -> Value {
+        let bytes = axum::body::to_bytes(r.into_body(), usize::MAX).await.unwrap();
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)))
+    }
+
+    #[tokio::test]
+    async fn spliced_lists_are_the_list_kube_apiserver_would_encode() {
+        let head =
+            json!({"kind": "VirtualMachineList", "apiVersion": "kubevirt.io/v1", "metadata": {"resourceVersion": "7", "continue": "x"}});
+        let docs = [Doc::new(&json!({"metadata": {"name": "a"}})), Doc::new(&json!({"metadata": {"name": "b"}, "spec": {"x": [1, {}]}}))];
+        let mut want = head.clone();
+        want["items"] = json!([{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}, "spec": {"x": [1, {}]}}]);
+        assert_eq!(body_of(splice_response(&head, docs.iter())).await, want);
+        want["items"] = json!([]);
+        assert_eq!(body_of(splice_response(&head, [].iter())).await, want);
+        assert_eq!(body_of(splice_response(&json!({}), docs[..1].iter())).await, json!({"items": [{"metadata": {"name": "a"}}]}));
+    }
+
     #[test]
     fn a_token_round_trips_for_its_own_list() {
         let t = encode(P, 7, &format!("{P}vm-09"));

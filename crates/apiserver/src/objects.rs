@@ -163,7 +163,11 @@ impl Objects {
         let nsdef = registry::find("", "v1", "namespaces").ok_or_else(ApiError::no_resource)?;
         match self.store.get(&nsdef.key(None, ns)) {
             None => Err(ApiError::not_found("", "namespaces", ns)),
-            Some(s) if creating && s.object.value().pointer("/metadata/deletionTimestamp").is_some() => {
+            Some(s)
+                if creating
+                    && s.object.mentions("\"deletionTimestamp\"")
+                    && s.object.metadata_view().pointer("/metadata/deletionTimestamp").is_some() =>
+            {
                 Err(ApiError::forbidden(format!("unable to create new content in namespace {ns} because it is being terminated")))
             }
             Some(_) => Ok(()),

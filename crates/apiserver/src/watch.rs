@@ -124,10 +124,10 @@ struct Filter {
 }
 
 impl Filter {
-    /// Keys are `prefix` + name, so the name is checked on the key and the object is parsed only
-    /// for selectors.
+    /// Keys are `prefix` + [namespace `/`] + name (names hold no `/`), so the name is checked on
+    /// the key and the object is parsed only for selectors.
     fn matches(&self, key: &str, obj: &Doc) -> bool {
-        key.strip_prefix(&self.prefix).is_some_and(|n| self.name.as_deref().is_none_or(|want| n == want))
+        key.strip_prefix(&self.prefix).is_some_and(|rest| self.name.as_deref().is_none_or(|want| rest.rsplit('/').next() == Some(want)))
             && Selector::doc_matches(&self.labels, &self.fields, obj)
     }
 }
