@@ -230,9 +230,17 @@ async fn stop_vms_on_exit_stops_them_with_up_and_the_next_up_starts_them_again()
 /// `CloudInitSecretMissing`); once the Secret exists the guest boots and finds the `cidata` disk
 /// with the Secret's user data (the test guest mounts it and prints the first line). The seed
 /// image lives in the VMI's run dir and goes with the VMI.
+///
+/// The wait is a watch, not a retry loop (regression: the agent re-read the Secret every 250 ms
+/// to 5 s for as long as it was missing): `up`'s audit log, which holds its own node agent's
+/// requests, shows one read of the Secret, then one list and one watch narrowed to its name, and
+/// no further read while the VMI waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_cloud_user_data_from_a_secret_reaches_the_guest_once_the_secret_exists() {
-    let up = Up::start();
+    let mut up = Up { dir: tempfile::tempdir().unwrap(), child: None };
+    let audit = up.dir.path().join("audit.log");
+    let audit_arg = audit.to_str().unwrap().to_owned();
+    up.spawn_with(&["up", "--node-name", "e2e", "--accel", "tcg", "--audit-log", &audit_arg]);
     up.vm_with(
         "ci1",
         devices(
@@ -257,6 +265,23 @@ async fn no_cloud_user_data_from_a_secret_reaches_the_guest_once_the_secret_exis
     assert!(why.contains("Secret default/my-vmi-secret not found") && why.contains("cloudInitNoCloud.secretRef"), "{why}");
     let events = up.kubectl(&["get", "events", "--field-selector", "reason=CloudInitSecretMissing", "-o", "jsonpath={.items[*].message}"]);
     assert!(events.contains("my-vmi-secret"), "{events}");
+    let secret_requests = |verb: &str| {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["verb"] == verb && e["resource"] == "secrets" && e["namespace"] == "default" && e["name"] == "my-vmi-secret")
+            .count()
+    };
+    common::wait_until(SEE, "the node agent's watch of Secret my-vmi-secret in the audit log", || {
+        let n = secret_requests("watch");
+        async move { (n > 0).then_some(()) }
+    })
+    .await;
+    // An observation window, not a synchronisation: longer than the old retry's first four
+    // intervals (0.25 + 0.5 + 1 + 2 s), quiet with a watch.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let reads = (secret_requests("get"), secret_requests("list"), secret_requests("watch"));
+    assert_eq!(reads, (1, 1, 1), "(get, list, watch) of the missing Secret while the VMI waits");
 
     let script = up.dir.path().join("startup-script");
     std::fs::write(&script, "#cloud-config from my-vmi-secret\npassword: fedora\nchpasswd: { expire: False }\n").unwrap();

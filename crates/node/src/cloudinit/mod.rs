@@ -20,11 +20,12 @@
 //! image goes with the run dir when the VMI goes.
 //!
 //! # Errors
-//! [`CloudInitError`]: a Secret or its key missing ([`CloudInitError::waits`]: the VMI waits for
-//! it, as KubeVirt's launcher pod waits for its Secret volume), data admission refuses (for a spec
+//! [`CloudInitError`]: a Secret or its key missing ([`CloudInitError::waits_for`]: the VMI waits
+//! for it, watching it ([`wait`]), as KubeVirt's launcher pod waits for its Secret volume), data admission refuses (for a spec
 //! from an API server without virtplug's admission), data too large, an API error.
 
 pub mod iso9660;
+pub mod wait;
 
 use std::path::{Path, PathBuf};
 
@@ -46,10 +47,11 @@ pub const SECRET_DATA_MAX: usize = 1 << 20;
 /// Errors resolving a VMI's cloud-init data.
 #[derive(Debug, thiserror::Error)]
 pub enum CloudInitError {
-    #[error("{field}: Secret {namespace}/{name} not found; create it with key {key} (KubeVirt's name) or fix the reference")]
-    SecretMissing { field: String, namespace: String, name: String, key: &'static str },
-    #[error("{field}: Secret {namespace}/{name} has no key {key} (or {alt}); add it")]
-    KeyMissing { field: String, namespace: String, name: String, key: &'static str, alt: &'static str },
+    #[error("{field}: Secret {secret} not found; create it with key {key} (KubeVirt's name) or fix the reference")]
+    SecretMissing { field: String, secret: Box<wait::Awaited>, key: &'static str },
+    /// `secret.seen`: the version of the Secret that lacks the key.
+    #[error("{field}: Secret {secret} has no key {key} (or {alt}); add it")]
+    KeyMissing { field: String, secret: Box<wait::Awaited>, key: &'static str, alt: &'static str },
     #[error("{field}: cannot read Secret {namespace}/{name}")]
     SecretRead {
         field: String,
@@ -73,15 +75,6 @@ pub enum CloudInitError {
         #[source]
         source: durable::WriteError,
     },
-}
-
-impl CloudInitError {
-    /// Whether the VMI should wait and try again (something it names may still be created)
-    /// rather than fail.
-    #[must_use]
-    pub fn waits(&self) -> bool {
-        matches!(self, CloudInitError::SecretMissing { .. } | CloudInitError::KeyMissing { .. })
-    }
 }
 
 /// A VMI's resolved cloud-init data: what goes on its image.
@@ -218,12 +211,16 @@ async fn data(secrets: &Api<Secret>, ns: &str, s: &CloudInitSource, part: Part, 
     let (namespace, name) = (ns.to_owned(), name.clone());
     let secret = match secrets.get_opt(&name).await {
         Ok(Some(s)) => s,
-        Ok(None) => return Err(CloudInitError::SecretMissing { field, namespace, name, key: keys[0] }),
+        Ok(None) => {
+            let secret = Box::new(wait::Awaited { namespace, name, seen: None });
+            return Err(CloudInitError::SecretMissing { field, secret, key: keys[0] });
+        }
         Err(e) => return Err(CloudInitError::SecretRead { field, namespace, name, source: Box::new(e) }),
     };
     let map = secret.data.unwrap_or_default();
     let Some(bytes) = keys.iter().find_map(|k| map.get(*k)) else {
-        return Err(CloudInitError::KeyMissing { field, namespace, name, key: keys[0], alt: keys[1] });
+        let secret = Box::new(wait::Awaited { namespace, name, seen: secret.metadata.resource_version });
+        return Err(CloudInitError::KeyMissing { field, secret, key: keys[0], alt: keys[1] });
     };
     if bytes.0.len() > SECRET_DATA_MAX {
         return Err(CloudInitError::Invalid {
