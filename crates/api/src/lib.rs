@@ -18,6 +18,7 @@
 //! core/v1 `PersistentVolumeClaim`, `Event`, `Namespace` and `Node` come from k8s-openapi, re-exported
 //! under [`core`].
 
+pub mod access_credentials;
 pub mod annotations;
 mod cause;
 pub mod cdi;

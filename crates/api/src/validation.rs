@@ -251,6 +251,7 @@ pub fn validate_instance_spec(spec: &VirtualMachineInstanceSpec, prefix: &str) -
     }
     causes.extend(domain(spec, prefix));
     causes.extend(crate::cloud_init::validate(spec, prefix));
+    causes.extend(crate::access_credentials::validate(spec, prefix));
     causes.extend(crate::network::validate(spec, prefix));
     for (i, volume) in spec.volumes.iter().enumerate() {
         let field = format!("{prefix}.volumes[{i}]");

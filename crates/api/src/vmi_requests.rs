@@ -6,7 +6,8 @@
 //! the node agent that owns its QMP connection carries it out (it works the same against a real
 //! kube-apiserver):
 //! - `pause` sets [`PAUSE_REQUESTED`]; the agent stops the vCPUs (QMP `stop`) and sets the
-//!   condition `Paused` (`PausedByUser`); `unpause` removes it; the agent resumes them (`cont`)
+//!   condition `Paused` (`PausedByUser`) and `Ready` to `False` (KubeVirt's
+//!   [`PAUSED_NOT_READY_REASON`]); `unpause` removes it; the agent resumes them (`cont`)
 //!   and removes the condition. The annotation is a wanted state, not an event: an agent that
 //!   restarts converges on it.
 //! - `softreboot` sets [`SOFTREBOOT_REQUESTED`] to a new ID; the agent resets the guest once per
@@ -31,6 +32,14 @@ pub const PAUSED_CONDITION: &str = "Paused";
 pub const PAUSED_BY_USER: &str = "PausedByUser";
 /// Its message (KubeVirt's).
 pub const PAUSED_MESSAGE: &str = "VMI was paused by user";
+/// The reason of a paused VMI's `Ready` condition, which is `False` while paused: KubeVirt's
+/// virt-controller sets its launcher pod's readiness gate `kubevirt.io/virtual-machine-unpaused`
+/// to `False`, the kubelet makes the pod not Ready (`ReadinessGatesNotReady`), and the pod's
+/// Ready condition is copied to the VMI's (and from there to the VM's).
+pub const PAUSED_NOT_READY_REASON: &str = "ReadinessGatesNotReady";
+/// Its message (the kubelet's words about KubeVirt's readiness gate).
+pub const PAUSED_NOT_READY_MESSAGE: &str =
+    "the status of pod readiness gate \"kubevirt.io/virtual-machine-unpaused\" is not \"True\", but False";
 
 /// What the request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -289,6 +289,17 @@ impl Server {
             let token = Arc::clone(&token);
             async move { authenticate(&token, req, next).await }
         }));
+        self.audited(router)
+    }
+
+    /// [`Self::local_router`], its requests in the audit log when [`Config::audit`] asks for one:
+    /// `up`'s in-process controller and node agent, whose requests belong in the log too.
+    pub fn audited_local_router(&self) -> Router {
+        self.audited(self.local_router())
+    }
+
+    /// `router` wrapped in the audit log's layer, if there is a log.
+    fn audited(&self, router: Router) -> Router {
         match &self.audit {
             Some(log) => {
                 let log = Arc::clone(log);

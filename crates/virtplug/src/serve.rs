@@ -51,6 +51,27 @@ impl ConnectionArgs {
     }
 }
 
+/// The audit log's flags (`apiserver`, `up`).
+#[derive(Args)]
+pub struct AuditArgs {
+    /// Log every request to this file, one JSON line each: the client's user agent, the verb,
+    /// API group, resource, subresource, namespace and name as RBAC names them, and the status
+    /// code (kube-apiserver's --audit-log-path, for checking what a component's role must grant;
+    /// with `up`, its own controller's and node agent's requests too).
+    #[arg(long)]
+    audit_log: Option<PathBuf>,
+    /// Rotate the audit log to PATH.1 at this size, in MiB (one backup is kept).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    audit_log_max_size: u64,
+}
+
+impl AuditArgs {
+    /// The server's audit setting.
+    fn config(self) -> Option<apiserver::audit::AuditConfig> {
+        self.audit_log.map(|path| apiserver::audit::AuditConfig { path, max_bytes: self.audit_log_max_size << 20 })
+    }
+}
+
 /// Arguments of `virtplug apiserver`.
 #[derive(Args)]
 pub struct ApiserverArgs {
@@ -67,14 +88,8 @@ pub struct ApiserverArgs {
     /// virt-api would (what the CLI's fallback to editing the VM is tested against).
     #[arg(long)]
     without_kubevirt_subresources: bool,
-    /// Log every request to this file, one JSON line each: the client's user agent, the verb,
-    /// API group, resource, subresource, namespace and name as RBAC names them, and the status
-    /// code (kube-apiserver's --audit-log-path, for checking what a component's role must grant).
-    #[arg(long)]
-    audit_log: Option<PathBuf>,
-    /// Rotate the audit log to PATH.1 at this size, in MiB (one backup is kept).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
-    audit_log_max_size: u64,
+    #[command(flatten)]
+    audit: AuditArgs,
     /// Admit VMs whose template breaks virtplug's invariants (a CD-ROM volume without its drive,
     /// ...), as a Kubernetes API server with virtplug's CRDs does: no webhook checks VM specs
     /// there, and the controller's self-heal repairs or reports them. For testing that.
@@ -125,6 +140,8 @@ pub struct UpArgs {
     caps: crate::growth_flags::CapsArgs,
     #[command(flatten)]
     qemu: crate::qemu_flags::QemuArgs,
+    #[command(flatten)]
+    audit: AuditArgs,
     /// Address of the Redfish service's HTTPS listener (a BMC per VM) [default: 127.0.0.1:8443;
     /// an ephemeral port when --listen has port 0].
     #[arg(long)]
@@ -387,7 +404,7 @@ pub async fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
     config.kubevirt_subresources = !args.without_kubevirt_subresources;
     config.connections = args.connections.limits()?;
     config.enforce_invariants = !args.admit_invalid_vms;
-    config.audit = args.audit_log.map(|path| apiserver::audit::AuditConfig { path, max_bytes: args.audit_log_max_size << 20 });
+    config.audit = args.audit.config();
     args.store.apply(&mut config);
     run(config, args.listen, None).await
 }
@@ -408,6 +425,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let mut config = apiserver::Config::new(&data_dir);
     config.metrics = Some(registry());
     config.connections = args.connections.limits()?;
+    config.audit = args.audit.config();
     args.store.apply(&mut config);
     println!("virtplug up: checking prerequisites");
     preflight(args.accel.into(), args.attach_mode.into())?;
@@ -512,7 +530,7 @@ struct Components {
 /// `/readyz` says so and `up` exits non-zero with the reason.
 fn start_components(server: &apiserver::Server, config: &apiserver::Config, up: &UpOptions) -> Components {
     // In-process client: the controller and the node agent reach the API without a socket.
-    let client = client::in_process(server.local_router());
+    let client = client::in_process(server.audited_local_router());
     let ctl = controller::run::Config {
         storage_root: Some(config.data_dir.join("storage")),
         import: up.import.clone(),

@@ -230,40 +230,61 @@ async fn stop_vms_on_exit_stops_them_with_up_and_the_next_up_starts_them_again()
 /// `CloudInitSecretMissing`); once the Secret exists the guest boots and finds the `cidata` disk
 /// with the Secret's user data (the test guest mounts it and prints the first line). The seed
 /// image lives in the VMI's run dir and goes with the VMI.
+///
+/// The wait is a watch, not a retry loop (regression: the agent re-read the Secret every 250 ms
+/// to 5 s for as long as it was missing): `up`'s audit log, which holds its own node agent's
+/// requests, shows one read of the Secret, then one list and one watch narrowed to its name, and
+/// no further read while the VMI waits.
+///
+/// The VM also has an SSH public key (`accessCredentials`, `propagationMethod: noCloud`) from a
+/// second Secret, created last: the VMI then waits for that one (the message names its field),
+/// and the guest finds the key in the `cidata` disk's `meta-data` (`public-keys`, as KubeVirt).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_cloud_user_data_from_a_secret_reaches_the_guest_once_the_secret_exists() {
-    let up = Up::start();
-    up.vm_with(
-        "ci1",
+    let mut up = Up { dir: tempfile::tempdir().unwrap(), child: None };
+    let audit = up.dir.path().join("audit.log");
+    let audit_arg = audit.to_str().unwrap().to_owned();
+    up.spawn_with(&["up", "--node-name", "e2e", "--accel", "tcg", "--audit-log", &audit_arg]);
+    up.vm_with("ci1", |vm| {
         devices(
             json!([{"name": "cloudinitdisk", "disk": {"bus": "virtio"}}]),
             json!([{"name": "cloudinitdisk", "cloudInitNoCloud": {"secretRef": {"name": "my-vmi-secret"}}}]),
-        ),
-    );
-    let why = common::wait_until(SEE, "the VMI to wait for its cloud-init Secret", || {
-        let (ok, out) = up.run(
-            "kubectl",
-            &[
-                "get",
-                "vmi",
-                "ci1",
-                "-o",
-                "jsonpath={.status.phase} {.status.conditions[?(@.type=='Ready')].reason} {.status.conditions[?(@.type=='Ready')].message}",
-            ],
-        );
-        async move { (ok && out.starts_with("Scheduled CloudInitSecretMissing ")).then_some(out) }
-    })
-    .await;
-    assert!(why.contains("Secret default/my-vmi-secret not found") && why.contains("cloudInitNoCloud.secretRef"), "{why}");
+        )(vm);
+        vm["spec"]["template"]["spec"]["accessCredentials"] = ssh_key("my-pub-key", "noCloud");
+    });
+    let why = waiting_for(&up, "ci1", "my-vmi-secret").await;
+    assert!(why.contains("cloudInitNoCloud.secretRef"), "{why}");
     let events = up.kubectl(&["get", "events", "--field-selector", "reason=CloudInitSecretMissing", "-o", "jsonpath={.items[*].message}"]);
     assert!(events.contains("my-vmi-secret"), "{events}");
+    let secret_requests = |verb: &str| {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["verb"] == verb && e["resource"] == "secrets" && e["namespace"] == "default" && e["name"] == "my-vmi-secret")
+            .count()
+    };
+    common::wait_until(SEE, "the node agent's watch of Secret my-vmi-secret in the audit log", || {
+        let n = secret_requests("watch");
+        async move { (n > 0).then_some(()) }
+    })
+    .await;
+    // An observation window, not a synchronisation: longer than the old retry's first four
+    // intervals (0.25 + 0.5 + 1 + 2 s), quiet with a watch.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let reads = (secret_requests("get"), secret_requests("list"), secret_requests("watch"));
+    assert_eq!(reads, (1, 1, 1), "(get, list, watch) of the missing Secret while the VMI waits");
 
     let script = up.dir.path().join("startup-script");
     std::fs::write(&script, "#cloud-config from my-vmi-secret\npassword: fedora\nchpasswd: { expire: False }\n").unwrap();
     up.kubectl(&["create", "secret", "generic", "my-vmi-secret", &format!("--from-file=userdata={}", script.display())]);
+    let why = waiting_for(&up, "ci1", "my-pub-key").await;
+    assert!(why.contains("spec.accessCredentials[0].sshPublicKey.source.secret.secretName"), "{why}");
+    up.kubectl(&["create", "secret", "generic", "my-pub-key", &format!("--from-literal=key1={PUB_KEY}")]);
     let uid = up.ready("ci1").await;
     let line = up.see(&uid, "the guest to read its cidata disk", |l| l.starts_with("VP-CIDATA")).await;
     assert_eq!(line, "VP-CIDATA label=cidata dev=vda first-line=#cloud-config from my-vmi-secret");
+    let key = up.see(&uid, "the guest to find the SSH key in the meta-data", |l| l.starts_with("VP-SSHKEY")).await;
+    assert_eq!(key, format!("VP-SSHKEY label=cidata first-key={PUB_KEY}"));
     let run_dir = up.dir.path().join("node/vmis").join(&uid);
     assert!(run_dir.join("cloud-init.iso").is_file(), "the seed is in the run dir");
     up.kubectl(&["delete", "vm", "ci1", "--wait=true", "--timeout=90s"]);
@@ -271,9 +292,32 @@ async fn no_cloud_user_data_from_a_secret_reaches_the_guest_once_the_secret_exis
     assert!(!run_dir.exists(), "the seed went with the VMI's run dir");
 }
 
+/// Waits until VMI `vmi` is `Scheduled` waiting for Secret `secret` (its `Ready` condition:
+/// reason `CloudInitSecretMissing`, the message naming the Secret); returns what it says.
+async fn waiting_for(up: &Up, vmi: &str, secret: &str) -> String {
+    let jsonpath =
+        "jsonpath={.status.phase} {.status.conditions[?(@.type=='Ready')].reason} {.status.conditions[?(@.type=='Ready')].message}";
+    common::wait_until(SEE, &format!("VMI {vmi} to wait for Secret {secret}"), || {
+        let (ok, out) = up.run("kubectl", &["get", "vmi", vmi, "-o", jsonpath]);
+        let hit = ok && out.starts_with("Scheduled CloudInitSecretMissing ") && out.contains(&format!("Secret default/{secret} not found"));
+        async move { hit.then_some(out) }
+    })
+    .await
+}
+
+/// A public key as a user would put in a Secret for `accessCredentials`.
+const PUB_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHZpcnRwbHVnLXRlc3Qta2V5LWZvci10aGUtZ3Vlc3Q vp@test";
+
+/// `accessCredentials` with one SSH public key from Secret `secret`, propagated by `method`.
+fn ssh_key(secret: &str, method: &str) -> Value {
+    json!([{"sshPublicKey": {"source": {"secret": {"secretName": secret}}, "propagationMethod": {method: {}}}}])
+}
+
 /// `cloudInitConfigDrive` with inline base64 user data and network data, on a `sata` CD-ROM: the
-/// guest finds the `config-2` medium and reads `openstack/latest/user_data`. Admission refuses
-/// what the agent could not honour (both userData and userDataBase64) with a field error.
+/// guest finds the `config-2` medium and reads `openstack/latest/user_data`, and the SSH key of
+/// `accessCredentials` (`configDrive`) in `openstack/latest/meta_data.json` (`public_keys`).
+/// Admission refuses what the agent could not honour (both userData and userDataBase64; an SSH
+/// key propagated by the QEMU guest agent) with a field error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_drive_user_data_reaches_the_guest_and_bad_sources_are_refused() {
     use base64::Engine;
@@ -289,13 +333,30 @@ async fn config_drive_user_data_reaches_the_guest_and_bad_sources_are_refused() 
         up.run("kubectl", &["apply", "-f", bad.to_str().unwrap()])
     };
     assert!(!ok && err.contains("spec.template.spec.volumes[0].cloudInitConfigDrive") && err.contains("only one userdatasource"), "{err}");
+    let (ok, err) = {
+        let bad = up.dir.path().join("bad-key.json");
+        let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "bad"},
+            "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {"disks": disks}},
+                "volumes": [{"name": "configdrive", "cloudInitConfigDrive": {"userData": "a"}}],
+                "accessCredentials": ssh_key("my-pub-key", "qemuGuestAgent")}}}});
+        std::fs::write(&bad, vm.to_string()).unwrap();
+        up.run("kubectl", &["apply", "-f", bad.to_str().unwrap()])
+    };
+    let field = "spec.template.spec.accessCredentials[0].sshPublicKey.propagationMethod.qemuGuestAgent";
+    assert!(!ok && err.contains(field) && err.contains("use noCloud") && err.contains("or configDrive"), "{err}");
 
+    up.kubectl(&["create", "secret", "generic", "my-pub-key", &format!("--from-literal=key1={PUB_KEY}")]);
     let volumes = json!([{"name": "configdrive", "cloudInitConfigDrive": {
         "userDataBase64": b64("#!/bin/sh\necho config drive\n"), "networkData": "{\"links\": []}"}}]);
-    up.vm_with("ci2", devices(disks, volumes));
+    up.vm_with("ci2", |vm| {
+        devices(disks, volumes)(vm);
+        vm["spec"]["template"]["spec"]["accessCredentials"] = ssh_key("my-pub-key", "configDrive");
+    });
     let uid = up.ready("ci2").await;
     let line = up.see(&uid, "the guest to read its config-2 medium", |l| l.starts_with("VP-CIDATA")).await;
     assert!(line.starts_with("VP-CIDATA label=config-2 dev=sr") && line.ends_with(" first-line=#!/bin/sh"), "{line}");
+    let key = up.see(&uid, "the guest to find the SSH key in meta_data.json", |l| l.starts_with("VP-SSHKEY")).await;
+    assert_eq!(key, format!("VP-SSHKEY label=config-2 first-key={PUB_KEY}"));
 }
 
 /// A [`Up::vm_with`] tune that gives the VM these disks and volumes (instead of the empty `cd0`).

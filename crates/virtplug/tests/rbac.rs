@@ -312,10 +312,8 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
     // Its DataVolume goes with it (owner reference).
     vms.delete("heal", &DeleteParams::default()).await.unwrap();
 
-    // Create -> running, with cloud-init user data from a Secret (the agent reads it).
-    let secret = json!({"metadata": {"name": "r-userdata"}, "stringData": {"userdata": "#cloud-config\n"}});
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "default");
-    secrets.create(&PostParams::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
+    // Create -> running, with cloud-init user data from a Secret created after the VM: the agent
+    // reads it, finds it missing, and watches it (list, then watch) until it is created.
     let mut vm = common::vm("r");
     vm["spec"]["runStrategy"] = json!("Always");
     vm["spec"]["template"]["spec"]["domain"]["devices"]["disks"]
@@ -329,6 +327,19 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
     // No OS answers the ACPI shutdown: the stop kills QEMU after the grace period.
     vm["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(1);
     vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+    common::wait_until(RUN, "the node agent's watch of Secret r-userdata (VMI r waits for it)", || {
+        let watching = audit(&d).iter().any(|l| {
+            l["userAgent"].as_str().is_some_and(|a| a.starts_with("virtplug-node/"))
+                && l["verb"] == "watch"
+                && l["resource"] == "secrets"
+                && l["name"] == "r-userdata"
+        });
+        async move { watching.then_some(()) }
+    })
+    .await;
+    let secret = json!({"metadata": {"name": "r-userdata"}, "stringData": {"userdata": "#cloud-config\n"}});
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "default");
+    secrets.create(&PostParams::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
     common::wait_until(RUN, "VMI r Running on rbac-node", || {
         let vmis = vmis.clone();
         async move { vmis.get_opt("r").await.ok()?.filter(VirtualMachineInstance::is_running).map(|_| ()) }

@@ -40,10 +40,23 @@ async fn until_jsonpath(up: &Up, kind: &str, name: &str, path: &str, want: &str)
 }
 
 const PAUSED_REASON: &str = "{.status.conditions[?(@.type==\"Paused\")].reason}";
+const READY: &str = "{.status.conditions[?(@.type==\"Ready\")].status} {.status.conditions[?(@.type==\"Ready\")].reason}";
+
+/// The READY column of `kubectl get KIND NAME` (the CRD's printer column, as users see it).
+fn ready_column(up: &Up, kind: &str, name: &str) -> String {
+    let table = up.kubectl(&["get", kind, name]);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    let i = header.iter().position(|h| *h == "READY").unwrap_or_else(|| panic!("no READY column: {table}"));
+    row.get(i).copied().unwrap_or_default().to_owned()
+}
 
 /// `virtplug vm pause` stops the guest (its clock: no tick while paused, however long), the
 /// VMI says so (`Paused`/`PausedByUser`, which the node agent sets only once QEMU's `stop`
-/// succeeded) and so does the VM (`printableStatus: Paused`, its own `Paused` condition); a
+/// succeeded) and so does the VM (`printableStatus: Paused`, its own `Paused` condition); both
+/// are not Ready while paused, as in KubeVirt (`Ready=False`, reason `ReadinessGatesNotReady`:
+/// the launcher pod's readiness gate; `kubectl get vmi` READY `False`, the VM's `ready: false`); a
 /// disk plugged meanwhile is seen by the guest once it runs; a new agent (after `kill -9` of
 /// `up`) adopts the paused QEMU and leaves it paused; `unpause` resumes it where it stopped
 /// (the tick numbering goes on without a gap). Refusals as KubeVirt words them.
@@ -61,6 +74,10 @@ async fn pause_stops_the_guests_clock_and_unpause_resumes_it_where_it_stopped() 
     until_jsonpath(&up, "vm", "t1", "{.status.printableStatus}", "Paused").await;
     until_jsonpath(&up, "vm", "t1", PAUSED_REASON, "PausedByUser").await;
     assert_eq!(jsonpath(&up, "vmi", "t1", "{.status.phase}"), "Running", "a paused VMI is still Running, as in KubeVirt");
+    assert_eq!(jsonpath(&up, "vmi", "t1", READY), "False ReadinessGatesNotReady", "a paused VMI is not Ready, as in KubeVirt");
+    assert_eq!(ready_column(&up, "vmi", "t1"), "False");
+    until_jsonpath(&up, "vm", "t1", READY, "False ReadinessGatesNotReady").await;
+    assert_eq!((jsonpath(&up, "vm", "t1", "{.status.ready}"), ready_column(&up, "vm", "t1")), ("false".into(), "False".into()));
     let last_before = *ticks(&up, &uid).last().unwrap();
 
     // KubeVirt's refusals, through the CLI (exit 1) and the raw API (409).
@@ -99,6 +116,9 @@ async fn pause_stops_the_guests_clock_and_unpause_resumes_it_where_it_stopped() 
     until_jsonpath(&up, "vmi", "t1", PAUSED_REASON, "").await;
     until_jsonpath(&up, "vm", "t1", "{.status.printableStatus}", "Running").await;
     until_jsonpath(&up, "vm", "t1", PAUSED_REASON, "").await;
+    until_jsonpath(&up, "vm", "t1", "{.status.ready}", "true").await;
+    assert_eq!(jsonpath(&up, "vmi", "t1", READY), "True ", "Ready again once running");
+    assert_eq!(ready_column(&up, "vmi", "t1"), "True");
     let next = format!("VP-TICK {}", last_before + 2);
     up.see(&uid, "the guest's clock going on", |l| l == next).await;
     let all = ticks(&up, &uid);

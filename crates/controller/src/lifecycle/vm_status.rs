@@ -1,5 +1,7 @@
 //! The VM's `status`: `printableStatus`, `ready`, `created` and its conditions (its own, and the
-//! VMI's `Paused`, copied as KubeVirt copies the VMI's conditions).
+//! VMI's `Paused`, copied as KubeVirt copies the VMI's conditions). A paused VM is not ready
+//! (`ready: false`, `Ready=False` with the VMI's reason
+//! [`api::vmi_requests::PAUSED_NOT_READY_REASON`]), as KubeVirt copies the VMI's `Ready`.
 
 use kube::api::Api;
 use kube::ResourceExt;
@@ -56,10 +58,14 @@ pub async fn write_status(
     let object = format!("{ns}/{name}");
     let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), &ns);
     let printable = printable_status(vm, vmi, volumes);
-    let ready = vmi.is_some_and(|v| v.is_running() && !deleting(v));
+    let paused = vmi.is_some_and(|v| paused_condition(v).is_some());
+    let ready = vmi.is_some_and(|v| v.is_running() && !deleting(v)) && !paused;
     let ready_cond = match vmi {
         None => condition("Ready", false, "VMINotExists", "VMI does not exist"),
         Some(v) if ready => condition("Ready", true, "", &format!("VMI {} is running", v.name_any())),
+        Some(v) if v.is_running() && !deleting(v) => {
+            condition("Ready", false, api::vmi_requests::PAUSED_NOT_READY_REASON, api::vmi_requests::PAUSED_NOT_READY_MESSAGE)
+        }
         Some(v) => {
             let phase = v.phase().map_or("", VmiPhase::as_str);
             let phase = if phase.is_empty() { VmiPhase::Pending.as_str() } else { phase };

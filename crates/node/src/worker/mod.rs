@@ -20,7 +20,8 @@
 //!
 //! # Wake-ups
 //! A new version of the VMI, QEMU's exit (pidfd), and — only while a volume waits — a
-//! claim/DataVolume/mount-table change or the backoff timer. Nothing is polled.
+//! claim/DataVolume/mount-table change or the backoff timer; while the VMI waits for its
+//! cloud-init Secret, a change of that Secret ([`crate::cloudinit::wait`]). Nothing is polled.
 //!
 //! Every log line of a worker is in its VMI's span ([`crate::spans::vmi`]).
 
@@ -41,6 +42,7 @@ use tokio::sync::watch;
 use api::phases::VmiPhase;
 use api::VirtualMachineInstance;
 
+use crate::cloudinit::wait::{Awaited, SecretWait};
 use crate::config::Shared;
 use crate::hotplug::Volumes;
 use crate::reasons::{EventReason, VmiReason};
@@ -102,7 +104,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
             pause::follow(&w.shared, &vmi, &l.machine, &mut w.vcpus_paused).await;
         }
         if w.live.is_none() {
-            retry = retry.or(w.launcher_wait).or(w.cloud_init_wait);
+            retry = retry.or(w.launcher_wait);
         }
         if !w.wait(retry, &mut rx, &mut storage).await {
             return; // the agent stops: the VM keeps running for the next agent
@@ -124,6 +126,8 @@ enum Wake {
     Reset,
     /// The retry timer fired.
     Timer,
+    /// The Secret the VMI's cloud-init data waits for changed.
+    Secret,
 }
 
 /// One VMI's worker state.
@@ -160,15 +164,33 @@ struct Worker {
     /// next look is after this (doubling up to [`LAUNCHER_WAIT_MAX`]; a new version of the VMI
     /// wakes the worker earlier).
     launcher_wait: Option<Duration>,
-    /// The VMI's cloud-init Secret is missing: the next look is after this
+    /// The VMI's cloud-init Secret (or its key) is missing: the watch of that Secret
     /// ([`Worker::wait_for_cloud_init`]).
-    cloud_init_wait: Option<Duration>,
+    cloud_init_wait: Option<CloudInitWait>,
+}
+
+/// A VMI waiting for the Secret of its cloud-init data.
+struct CloudInitWait {
+    watch: SecretWait,
+    /// What the VMI's status and Event say it waits for.
+    message: String,
+    /// The VMI's generation at the failed read: a spec change is read again at once.
+    generation: Option<i64>,
+    /// The Secret changed since the failed read.
+    changed: bool,
+}
+
+impl CloudInitWait {
+    /// Whether reading the data again could succeed for this version of the VMI: the Secret or
+    /// the VMI's spec changed since the failed read. Other new versions of the VMI (status
+    /// writes, the agent's own among them) cost no read of the Secret.
+    fn worth_reading(&self, vmi: &VirtualMachineInstance) -> bool {
+        self.changed || self.generation != vmi.metadata.generation
+    }
 }
 
 /// The longest wait between two looks for a launcher's socket.
 const LAUNCHER_WAIT_MAX: Duration = Duration::from_secs(2);
-/// The longest wait between two looks for a cloud-init volume's Secret.
-const CLOUD_INIT_WAIT_MAX: Duration = Duration::from_secs(5);
 
 /// `spec.terminationGracePeriodSeconds` of `vmi`.
 fn grace_of(vmi: &VirtualMachineInstance) -> Option<u64> {
@@ -231,17 +253,23 @@ impl Worker {
                     }
                     self.launcher_wait = Some(next);
                 }
+                Some(VmiPhase::Scheduled) if self.cloud_init_wait.as_ref().is_some_and(|w| !w.worth_reading(vmi)) => {}
                 Some(VmiPhase::Scheduled) => {
                     let launched = match crate::cloudinit::resolve(&self.shared.client, vmi).await {
                         Ok(seed) => {
                             self.cloud_init_wait = None;
                             live::launch(&self.shared, vmi, &self.run_dir, seed).await
                         }
-                        Err(e) if e.waits() => {
-                            self.wait_for_cloud_init(vmi, &e.to_string()).await;
-                            return;
-                        }
-                        Err(e) => Err(client::error_chain(&e)),
+                        Err(e) => match e.waits_for() {
+                            Some(awaited) => {
+                                self.wait_for_cloud_init(vmi, &e.to_string(), awaited).await;
+                                return;
+                            }
+                            None => {
+                                self.cloud_init_wait = None;
+                                Err(client::error_chain(&e))
+                            }
+                        },
                     };
                     match launched {
                         Ok(l) => {
@@ -275,17 +303,27 @@ impl Worker {
 
     /// The VMI's cloud-init Secret (or its key) is missing: the VMI stays `Scheduled` with
     /// `message` in its `Ready` condition (reason `CloudInitSecretMissing`) and a Warning Event,
-    /// both once per wait; the next look is after a doubling delay up to
-    /// [`CLOUD_INIT_WAIT_MAX`] (a new version of the VMI wakes the worker earlier). Nothing
-    /// watches Secrets: the wait is the fallback backoff of the design.
-    async fn wait_for_cloud_init(&mut self, vmi: &Arc<VirtualMachineInstance>, message: &str) {
-        if self.cloud_init_wait.is_none() {
-            tracing::info!("waiting for cloud-init data: {message}");
+    /// both once per message; the worker watches that Secret ([`SecretWait`]) and reads the
+    /// data again when it changes, or when the VMI's spec does. No timer.
+    async fn wait_for_cloud_init(&mut self, vmi: &Arc<VirtualMachineInstance>, message: &str, awaited: Awaited) {
+        let generation = vmi.metadata.generation;
+        let wait = match self.cloud_init_wait.take() {
+            Some(mut w) if w.watch.watches(&awaited) => {
+                w.watch.saw(awaited);
+                CloudInitWait { generation, changed: false, ..w }
+            }
+            _ => {
+                let watch = SecretWait::start(&self.shared.client, awaited);
+                CloudInitWait { watch, message: String::new(), generation, changed: false }
+            }
+        };
+        if wait.message != message {
+            tracing::info!("waiting for cloud-init data (watching the Secret): {message}");
             let reason = Some(VmiReason::CloudInitSecretMissing);
             set_phase(&self.shared, vmi, VmiPhase::Scheduled, reason, message).await;
             crate::reasons::publish(&self.shared.client, vmi.as_ref(), EventReason::CloudInitSecretMissing, message).await;
         }
-        self.cloud_init_wait = Some(self.cloud_init_wait.map_or(Duration::from_millis(250), |d| (d * 2).min(CLOUD_INIT_WAIT_MAX)));
+        self.cloud_init_wait = Some(CloudInitWait { message: message.to_owned(), ..wait });
     }
 
     /// The hot-plug pass, when one is needed. A new version of the VMI whose spec did not change
@@ -329,8 +367,9 @@ impl Worker {
     async fn wait(&mut self, retry: Option<Duration>, rx: &mut Versions, storage: &mut watch::Receiver<u64>) -> bool {
         // A clone sees what the original saw; it is put back after the wait (what it saw then).
         let mut resets = self.live.as_ref().map(|l| l.resets.clone());
+        let (live, cloud_init) = (&mut self.live, &mut self.cloud_init_wait);
         let exited = async {
-            match self.live.as_mut() {
+            match live.as_mut() {
                 Some(l) => {
                     let _ = (&mut l.exited).await;
                 }
@@ -340,6 +379,12 @@ impl Worker {
         let timer = async {
             match retry {
                 Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let secret = async {
+            match cloud_init.as_mut() {
+                Some(w) => w.watch.changed().await,
                 None => std::future::pending::<()>().await,
             }
         };
@@ -359,6 +404,7 @@ impl Worker {
             () = exited => Wake::Exited,
             () = timer => Wake::Timer,
             () = reset => Wake::Reset,
+            () = secret => Wake::Secret,
         };
         if let (Some(l), Some(r)) = (self.live.as_mut(), resets) {
             l.resets = r;
@@ -376,6 +422,11 @@ impl Worker {
                 }
             }
             Wake::Timer => self.force = true,
+            Wake::Secret => {
+                if let Some(w) = self.cloud_init_wait.as_mut() {
+                    w.changed = true;
+                }
+            }
         }
         true
     }

@@ -1,7 +1,8 @@
 //! Pause and unpause (KubeVirt's `pause`/`unpause` subresources): the VMI's annotation
 //! [`PAUSE_REQUESTED`] says whether its vCPUs should stand still; the worker — the only owner
 //! of the VMI's QMP connection — makes QEMU match (QMP `stop` / `cont`) and reports what QEMU
-//! does in the VMI's `Paused` condition (reason `PausedByUser`, KubeVirt's words).
+//! does in the VMI's `Paused` condition (reason `PausedByUser`, KubeVirt's words) and its `Ready`
+//! condition, `False` while paused as in KubeVirt ([`PAUSED_NOT_READY_REASON`]).
 //!
 //! # Guarantees
 //! - The condition follows QEMU, not the request: it is set only once `stop` succeeded and
@@ -21,6 +22,9 @@ use kube::ResourceExt;
 
 use api::annotations::PAUSE_REQUESTED;
 use api::kubevirt::{Condition, VirtualMachineInstanceStatus};
+use api::phases::VmiPhase;
+#[cfg(doc)]
+use api::vmi_requests::PAUSED_NOT_READY_REASON;
 use api::vmi_requests::{PAUSED_BY_USER, PAUSED_CONDITION, PAUSED_MESSAGE};
 use api::VirtualMachineInstance;
 use qemu::Machine;
@@ -47,7 +51,8 @@ fn command(want: bool, paused: bool) -> Option<&'static str> {
     }
 }
 
-/// Sets (`paused`) or removes the VMI's `Paused` condition.
+/// Sets (`paused`) or removes the VMI's `Paused` condition; a `Running` VMI's `Ready` condition
+/// follows (`False` while paused).
 pub(super) fn apply_condition(s: &mut VirtualMachineInstanceStatus, paused: bool) {
     s.conditions.retain(|c| c.type_ != PAUSED_CONDITION);
     if paused {
@@ -59,6 +64,9 @@ pub(super) fn apply_condition(s: &mut VirtualMachineInstanceStatus, paused: bool
             last_transition_time: Some(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
             ..Condition::default()
         });
+    }
+    if s.phase == Some(VmiPhase::Running) {
+        super::phase::set_ready(s, None, "QEMU is running");
     }
 }
 
@@ -117,6 +125,31 @@ mod tests {
         assert_eq!(command(false, true), Some("cont"));
         assert_eq!(command(true, true), None);
         assert_eq!(command(false, false), None, "a running guest is never resumed again");
+    }
+
+    /// KubeVirt's paused VMI is not Ready (its launcher pod's readiness gate is False); it is
+    /// Ready again once resumed.
+    #[test]
+    fn a_running_vmi_is_not_ready_while_paused() {
+        let ready = |s: &VirtualMachineInstanceStatus| {
+            let c = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+            (c.status.clone(), c.reason.clone())
+        };
+        let mut v = VirtualMachineInstance::new("v", Default::default());
+        super::super::phase::apply_phase(&mut v, VmiPhase::Running, None, "QEMU is running");
+        let s = v.status.as_mut().unwrap();
+        assert_eq!(ready(s), ("True".into(), None));
+        apply_condition(s, true);
+        assert_eq!(ready(s), ("False".into(), Some("ReadinessGatesNotReady".into())));
+        let msg = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap().message.clone().unwrap();
+        assert!(msg.contains("kubevirt.io/virtual-machine-unpaused"), "{msg}");
+        // A phase write while paused (an adoption's) keeps it not ready.
+        super::super::phase::apply_phase(&mut v, VmiPhase::Running, None, "QEMU is running");
+        let s = v.status.as_mut().unwrap();
+        assert_eq!(ready(s), ("False".into(), Some("ReadinessGatesNotReady".into())));
+        apply_condition(s, false);
+        assert_eq!(ready(s), ("True".into(), None));
+        assert_eq!(s.conditions.len(), 1, "the Paused condition is gone, Ready stays");
     }
 
     #[test]

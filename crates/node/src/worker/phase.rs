@@ -1,5 +1,5 @@
 //! A VMI's phase as the agent sets it: the phase, its reason, KubeVirt's `Ready` condition
-//! (`True` only when `Running`) and `phaseTransitionTimestamps` (one entry per phase entered:
+//! (`True` only when `Running` and not paused: see [`api::vmi_requests::PAUSED_NOT_READY_REASON`]) and `phaseTransitionTimestamps` (one entry per phase entered:
 //! the controller tells a VMI that failed before it ran from one that ran by it, for the
 //! crash-loop backoff).
 
@@ -8,6 +8,7 @@ use kube::ResourceExt;
 
 use api::kubevirt::{Condition, VirtualMachineInstanceStatus};
 use api::phases::VmiPhase;
+use api::vmi_requests::{PAUSED_CONDITION, PAUSED_NOT_READY_MESSAGE, PAUSED_NOT_READY_REASON};
 use api::VirtualMachineInstance;
 
 use crate::config::Shared;
@@ -19,7 +20,6 @@ const READY: &str = "Ready";
 /// Sets the VMI's phase, reason, `Ready` condition and, for a new phase, its transition time.
 pub(super) fn apply_phase(v: &mut VirtualMachineInstance, phase: VmiPhase, reason: Option<VmiReason>, message: &str) {
     let s = v.status.get_or_insert_with(VirtualMachineInstanceStatus::default);
-    let ready = phase == VmiPhase::Running;
     let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     if s.phase.as_ref() != Some(&phase) {
         let stamps = s.extra.entry("phaseTransitionTimestamps".to_owned()).or_insert_with(|| serde_json::Value::Array(Vec::new()));
@@ -27,18 +27,34 @@ pub(super) fn apply_phase(v: &mut VirtualMachineInstance, phase: VmiPhase, reaso
             a.push(serde_json::json!({"phase": phase.as_str(), "phaseTransitionTimestamp": now}));
         }
     }
-    let c = Condition {
-        type_: READY.into(),
-        status: if ready { "True" } else { "False" }.into(),
-        reason: if ready { None } else { Some(reason.map_or_else(|| phase.as_str().to_owned(), |r| r.as_str().to_owned())) },
-        message: Some(message.to_owned()),
-        last_transition_time: Some(now),
-        ..Condition::default()
-    };
+    let not_ready = (phase != VmiPhase::Running).then(|| reason.map_or_else(|| phase.as_str().to_owned(), |r| r.as_str().to_owned()));
     s.phase = Some(phase);
     s.reason = reason.map(|r| r.as_str().to_owned());
+    set_ready(s, not_ready.as_deref(), message);
+}
+
+/// Sets the `Ready` condition: `True`, or `False` with `not_ready` as its reason; a paused
+/// `Running` VMI is not ready, as in KubeVirt ([`PAUSED_NOT_READY_REASON`]). The transition
+/// time changes only with the status.
+pub(super) fn set_ready(s: &mut VirtualMachineInstanceStatus, not_ready: Option<&str>, message: &str) {
+    let paused = s.conditions.iter().any(|c| c.type_ == PAUSED_CONDITION && c.status == "True");
+    let (reason, message) = match not_ready {
+        None if paused => (Some(PAUSED_NOT_READY_REASON), PAUSED_NOT_READY_MESSAGE),
+        r => (r, message),
+    };
+    let c = Condition {
+        type_: READY.into(),
+        status: if reason.is_none() { "True" } else { "False" }.into(),
+        reason: reason.map(str::to_owned),
+        message: Some(message.to_owned()),
+        last_transition_time: Some(jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+        ..Condition::default()
+    };
     match s.conditions.iter_mut().find(|x| x.type_ == READY) {
-        Some(x) if x.status == c.status => x.message = c.message.clone(),
+        Some(x) if x.status == c.status => {
+            x.reason = c.reason;
+            x.message = c.message;
+        }
         Some(x) => *x = c,
         None => s.conditions.push(c),
     }
