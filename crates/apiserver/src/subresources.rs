@@ -6,11 +6,15 @@
 //! And `GET` on `virtualmachineinstances/NAME/console|vnc`, websockets to the VMI's serial
 //! console and VNC server ([`console`]).
 //!
+//! [`access`] is what they need of the objects, so the aggregated subresources API
+//! (`virtplug subresources-api`) serves them too, through a kube-apiserver.
+//!
 //! And core/v1's `pods/NAME/binding` (`POST`, [`binding`]), which kube-scheduler uses.
 //!
 //! Each reads its options body (up to the body limit) and `?dryRun=All`, and records the
 //! change on the object; the controller and node agent carry it out.
 
+pub mod access;
 pub mod binding;
 pub mod console;
 pub mod lifecycle;

@@ -18,7 +18,7 @@ use api::kubevirt::{AddVolumeOptions, Disk, HotplugVolumeSource, VirtualMachineI
 use api::phases::VmiPhase;
 use api::validation::{Cause, CauseType};
 
-use crate::objects::Objects;
+use super::access::ObjectAccess;
 use crate::registry;
 use crate::status::ApiError;
 
@@ -115,8 +115,8 @@ fn owned_by_vm(vmi: &api::VirtualMachineInstance) -> bool {
 /// # Errors
 /// 400 for bad bodies (with field causes) and VM-owned VMIs, 404, 409 as KubeVirt, 422 when
 /// the resulting spec is invalid.
-pub async fn handle(
-    objects: &Objects,
+pub async fn handle<O: ObjectAccess>(
+    objects: &O,
     plural: &str,
     ns: &str,
     name: &str,
@@ -148,7 +148,7 @@ pub async fn handle(
     };
     let is_vm = plural == "virtualmachines";
     if !is_vm {
-        let vmi: api::VirtualMachineInstance = serde_json::from_value((*objects.get(def, Some(ns), name)?.object).clone())
+        let vmi: api::VirtualMachineInstance = serde_json::from_value(objects.get(def, Some(ns), name).await?)
             .map_err(|e| ApiError::internal(format!("VMI {ns}/{name} cannot be read: {e}")))?;
         if owned_by_vm(&vmi) {
             return Err(ApiError::bad_request(format!(
