@@ -39,9 +39,9 @@ use tokio::sync::{mpsc, oneshot};
 use api::tunnel::{Open, Refused, ServerLine, StreamKind, KEEPALIVE, MAX_LINE, STREAM_UPGRADE, TUNNEL_UPGRADE};
 
 use crate::call::Call;
-use crate::subresources::access::ObjectAccess;
 use crate::registry;
 use crate::status::ApiError;
+use crate::subresources::access::ObjectAccess;
 use crate::websocket::{asks_upgrade, switching, take_upgrade};
 
 /// How long [`Tunnels::open`] waits for the agent's stream.
@@ -218,7 +218,12 @@ pub async fn link(mut c: Call<'_>) -> Result<Response, ApiError> {
 ///
 /// # Errors
 /// 400 without `Upgrade: virtplug-tunnel.v1` (or over HTTP/2), 404 when the Node does not exist.
-pub async fn accept_link<O: ObjectAccess>(objects: &O, tunnels: &Arc<Tunnels>, parts: &mut Parts, node: &str) -> Result<Response, ApiError> {
+pub async fn accept_link<O: ObjectAccess>(
+    objects: &O,
+    tunnels: &Arc<Tunnels>,
+    parts: &mut Parts,
+    node: &str,
+) -> Result<Response, ApiError> {
     if !asks_upgrade(&parts.headers, TUNNEL_UPGRADE) {
         return Err(ApiError::bad_request(format!(
             "a node tunnel is an upgrade: send `Connection: Upgrade` and `Upgrade: {TUNNEL_UPGRADE}`"

@@ -255,7 +255,12 @@ async fn serve_one<S>(
     let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
     // Only a configuration with a client verifier (`crate::server_config_with_client_ca`) lets
     // a client present certificates; they were verified during the handshake.
-    let peer = stream.get_ref().1.peer_certificates().filter(|c| !c.is_empty()).map(|c| PeerCertificates(Arc::new(c.iter().map(|c| c.clone().into_owned()).collect())));
+    let peer = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .filter(|c| !c.is_empty())
+        .map(|c| PeerCertificates(Arc::new(c.iter().map(|c| c.clone().into_owned()).collect())));
     let activity = Arc::new(Activity::default());
     let svc = {
         let activity = Arc::clone(&activity);

@@ -82,7 +82,8 @@ pub fn server_config_with_client_ca(cert_pem: &str, key_pem: &str, client_ca_pem
         .build()
         .map_err(|e| TlsError::Invalid(rustls::Error::General(e.to_string())))?;
     let (certs, key) = pair(cert_pem, "the serving certificate", key_pem, "the serving key")?;
-    let mut cfg = rustls::ServerConfig::builder().with_client_cert_verifier(verifier).with_single_cert(certs, key).map_err(TlsError::Invalid)?;
+    let mut cfg =
+        rustls::ServerConfig::builder().with_client_cert_verifier(verifier).with_single_cert(certs, key).map_err(TlsError::Invalid)?;
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(cfg)
 }

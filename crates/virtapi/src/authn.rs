@@ -115,7 +115,8 @@ impl RequestHeader {
             for prefix in &self.extra_prefixes {
                 if let Some(key) = k.as_str().strip_prefix(&prefix.to_ascii_lowercase()) {
                     // Extra keys are percent-encoded in the header name (kube-apiserver's rule).
-                    let key: String = form_urlencoded::parse(format!("k={key}").as_bytes()).map(|(_, v)| v.into_owned()).next().unwrap_or_default();
+                    let key: String =
+                        form_urlencoded::parse(format!("k={key}").as_bytes()).map(|(_, v)| v.into_owned()).next().unwrap_or_default();
                     extra.entry(key.to_lowercase()).or_default().push(v.to_owned());
                 }
             }

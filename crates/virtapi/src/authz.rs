@@ -55,15 +55,17 @@ impl Attributes {
                 namespace: (*ns).to_owned(),
                 name: (*name).to_owned(),
             },
-            ["apis", group @ "subresources.virtplug.io", version, "nodes", node, sub @ ("tunnel" | "streams"), ..] => Attributes::Resource {
-                verb: verb(true),
-                group: (*group).to_owned(),
-                version: (*version).to_owned(),
-                resource: "nodes".to_owned(),
-                subresource: (*sub).to_owned(),
-                namespace: String::new(),
-                name: (*node).to_owned(),
-            },
+            ["apis", group @ "subresources.virtplug.io", version, "nodes", node, sub @ ("tunnel" | "streams"), ..] => {
+                Attributes::Resource {
+                    verb: verb(true),
+                    group: (*group).to_owned(),
+                    version: (*version).to_owned(),
+                    resource: "nodes".to_owned(),
+                    subresource: (*sub).to_owned(),
+                    namespace: String::new(),
+                    name: (*node).to_owned(),
+                }
+            }
             _ => Attributes::NonResource { verb: verb(false), path: path.to_owned() },
         }
     }
@@ -92,7 +94,8 @@ impl Attributes {
         match self {
             Attributes::Resource { verb, group, resource, subresource, namespace, name, .. } => {
                 let whole = if subresource.is_empty() { resource.clone() } else { format!("{resource}/{subresource}") };
-                let scope = if namespace.is_empty() { "at the cluster scope".to_owned() } else { format!("in the namespace {namespace:?}") };
+                let scope =
+                    if namespace.is_empty() { "at the cluster scope".to_owned() } else { format!("in the namespace {namespace:?}") };
                 let mut e = ApiError::forbidden(format!(
                     "{resource}.{group} {name:?} is forbidden: User {:?} cannot {verb} resource {whole:?} in API group {group:?} {scope}{reason}",
                     user.name
@@ -112,15 +115,15 @@ impl Attributes {
 /// # Errors
 /// The 403, or 503 when the review cannot be made.
 pub async fn check(client: &kube::Client, user: &User, attrs: &Attributes) -> Result<(), ApiError> {
-    let body = serde_json::to_vec(&attrs.review(user)).map_err(|e| ApiError::internal(format!("the access review cannot be written: {e}")))?;
+    let body =
+        serde_json::to_vec(&attrs.review(user)).map_err(|e| ApiError::internal(format!("the access review cannot be written: {e}")))?;
     let req = http::Request::post("/apis/authorization.k8s.io/v1/subjectaccessreviews")
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(body)
         .map_err(|e| ApiError::internal(format!("the access review cannot be sent: {e}")))?;
-    let answer: Value = client
-        .request(req)
-        .await
-        .map_err(|e| ApiError::unavailable(format!("cannot ask the API server whether {:?} may do this (SubjectAccessReview): {e}", user.name)))?;
+    let answer: Value = client.request(req).await.map_err(|e| {
+        ApiError::unavailable(format!("cannot ask the API server whether {:?} may do this (SubjectAccessReview): {e}", user.name))
+    })?;
     if answer.pointer("/status/allowed") == Some(&json!(true)) && answer.pointer("/status/denied") != Some(&json!(true)) {
         return Ok(());
     }
@@ -145,7 +148,10 @@ mod tests {
         let start = Attributes::of(&Method::PUT, "/apis/subresources.kubevirt.io/v1/namespaces/ns1/virtualmachines/vm1/start");
         assert!(matches!(&start, Attributes::Resource { verb, subresource, .. } if verb == "update" && subresource == "start"));
         let tunnel = Attributes::of(&Method::GET, "/apis/subresources.virtplug.io/v1/nodes/n1/streams/abc");
-        assert!(tunnel.forbidden(&bob, "no").message.ends_with("cannot get resource \"nodes/streams\" in API group \"subresources.virtplug.io\" at the cluster scope: no"));
+        assert!(tunnel
+            .forbidden(&bob, "no")
+            .message
+            .ends_with("cannot get resource \"nodes/streams\" in API group \"subresources.virtplug.io\" at the cluster scope: no"));
         let discovery = Attributes::of(&Method::GET, "/apis/subresources.kubevirt.io/v1");
         assert_eq!(discovery, Attributes::NonResource { verb: "get".into(), path: "/apis/subresources.kubevirt.io/v1".into() });
     }

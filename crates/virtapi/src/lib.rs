@@ -178,7 +178,9 @@ async fn route(st: &Server, parts: &mut Parts, body: Body, path: &str) -> Result
     let get = parts.method == Method::GET;
     let put = parts.method == Method::PUT;
     match segs.as_slice() {
-        ["apis"] if get => Ok(json_ok(&json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group(KUBEVIRT_GROUP), group(TUNNEL_GROUP)]}))),
+        ["apis"] if get => {
+            Ok(json_ok(&json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group(KUBEVIRT_GROUP), group(TUNNEL_GROUP)]})))
+        }
         ["apis", g] if get && (*g == KUBEVIRT_GROUP || *g == TUNNEL_GROUP) => Ok(json_ok(&group(g))),
         ["apis", KUBEVIRT_GROUP, "v1"] if get => Ok(json_ok(&subresources::resource_list())),
         ["apis", TUNNEL_GROUP, "v1"] if get => Ok(json_ok(&tunnel_resources())),

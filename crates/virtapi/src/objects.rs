@@ -79,7 +79,15 @@ impl ObjectAccess for KubeObjects {
         serde_json::to_value(obj).map_err(|e| ApiError::internal(format!("{} {name} cannot be read: {e}", def.kind)))
     }
 
-    async fn update_with<F>(&self, def: &ResourceDef, ns: Option<&str>, name: &str, part: Part, dry_run: bool, compute: F) -> Result<(), ApiError>
+    async fn update_with<F>(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        name: &str,
+        part: Part,
+        dry_run: bool,
+        compute: F,
+    ) -> Result<(), ApiError>
     where
         F: Fn(&Value) -> Result<Value, ApiError> + Send + Sync,
     {

@@ -490,4 +490,3 @@ async fn console_and_vnc_through_the_api_from_a_process_with_only_the_kubeconfig
     let e = refused("pending1");
     assert!(e.contains("VMI is not running (its phase is") && e.contains("(400)"), "{e}");
 }
-

@@ -271,9 +271,10 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
     let (_virtapi, virtapi_url) = subresources_api(&d, kc);
     let virtapi_ca = std::fs::read_to_string(d.join("virtapi/ca.crt")).unwrap();
     let virtapi_ca: Vec<Vec<u8>> = rustls_pemfile::certs(&mut virtapi_ca.as_bytes()).map(|c| c.unwrap().to_vec()).collect();
-    let virtapi = client::connect_to(Some(&kubeconfig), TEST_AGENT, client::Retries::Default, virtapi_url.parse().unwrap(), Some(virtapi_ca))
-        .await
-        .unwrap();
+    let virtapi =
+        client::connect_to(Some(&kubeconfig), TEST_AGENT, client::Retries::Default, virtapi_url.parse().unwrap(), Some(virtapi_ca))
+            .await
+            .unwrap();
     // The kubelet registers the Node and runs its pods; kube-scheduler binds them (STAND-INS:
     // the test, with its own User-Agent, so their requests are not the components').
     common::fakenode::kubelet(&client, "rbac-node").await;
@@ -522,7 +523,8 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
         let s = |k: &str| l[k].as_str().unwrap().to_owned();
         let resource = if s("subresource").is_empty() { s("resource") } else { format!("{}/{}", s("resource"), s("subresource")) };
         let grant = (s("apiGroup"), resource, s("verb"));
-        let builtin = BUILTIN.iter().any(|(r, [g, res, v])| r == role && (*g, *res, *v) == (grant.0.as_str(), grant.1.as_str(), grant.2.as_str()));
+        let builtin =
+            BUILTIN.iter().any(|(r, [g, res, v])| r == role && (*g, *res, *v) == (grant.0.as_str(), grant.1.as_str(), grant.2.as_str()));
         if builtin {
             used.entry(role).or_default().insert(grant);
             continue;

@@ -72,7 +72,14 @@ fn front_proxy(dir: &Path) -> FrontProxy {
 /// A client of the component at `url` (trusting `server_ca`), with `cert` as its client
 /// certificate if given, sending `headers` on every request: kube-aggregator's proxy when `cert`
 /// is the front proxy's.
-async fn client_of(dir: &Path, name: &str, url: &str, server_ca: &Path, cert: Option<&(PathBuf, PathBuf)>, headers: &[(&str, &str)]) -> kube::Client {
+async fn client_of(
+    dir: &Path,
+    name: &str,
+    url: &str,
+    server_ca: &Path,
+    cert: Option<&(PathBuf, PathBuf)>,
+    headers: &[(&str, &str)],
+) -> kube::Client {
     let user = match cert {
         Some((c, k)) => json!({"client-certificate": c, "client-key": k}),
         None => json!({}),
@@ -286,7 +293,8 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
         async move {
             common::wait_until(STEP, &format!("VMI con1 Paused condition {want}"), || {
                 let v = up.json(&["get", "vmi", "con1"]);
-                let has = v["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Paused" && c["status"] == "True");
+                let has =
+                    v["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Paused" && c["status"] == "True");
                 async move { (has == want).then_some(()) }
             })
             .await;
@@ -304,7 +312,8 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
         let vm = vms.get("con1").await.unwrap();
         vm.spec.template.spec.unwrap().volumes.into_iter().map(|v| serde_json::to_value(v).unwrap()).collect::<Vec<_>>()
     };
-    let add = json!({"name": "extra", "disk": {"disk": {"bus": "scsi"}}, "volumeSource": {"persistentVolumeClaim": {"claimName": "extra"}}});
+    let add =
+        json!({"name": "extra", "disk": {"disk": {"bus": "scsi"}}, "volumeSource": {"persistentVolumeClaim": {"claimName": "extra"}}});
     assert_eq!(call(&alice, "PUT", &vm_path("addvolume"), add).await.0, 202);
     let added = volumes().await;
     assert!(added.iter().any(|v| v["name"] == "extra" && v["persistentVolumeClaim"]["hotpluggable"] == true), "{added:?}");

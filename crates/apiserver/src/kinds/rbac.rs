@@ -75,15 +75,18 @@ fn rule_allows(rule: &Value, attrs: &Attributes<'_>) -> bool {
                 if r.subresource.is_empty() {
                     x == "*" || x == r.resource
                 } else {
-                    x == "*" || *x == format!("{}/{}", r.resource, r.subresource) || *x == format!("{}/*", r.resource) || *x == format!("*/{}", r.subresource)
+                    x == "*"
+                        || *x == format!("{}/{}", r.resource, r.subresource)
+                        || *x == format!("{}/*", r.resource)
+                        || *x == format!("*/{}", r.subresource)
                 }
             });
             let names = strings(rule, "resourceNames");
             hit && (names.is_empty() || (!r.name.is_empty() && names.iter().any(|n| n == r.name)))
         }
-        None => strings(rule, "nonResourceURLs").iter().any(|u| {
-            u == "*" || u == attrs.path || u.strip_suffix('*').is_some_and(|prefix| attrs.path.starts_with(prefix))
-        }),
+        None => strings(rule, "nonResourceURLs")
+            .iter()
+            .any(|u| u == "*" || u == attrs.path || u.strip_suffix('*').is_some_and(|prefix| attrs.path.starts_with(prefix))),
     }
 }
 
@@ -131,7 +134,9 @@ pub fn authorize(objects: &Objects, who: &Subject<'_>, attrs: &Attributes<'_>) -
         return Ok(format!("{} is in system:masters", who.user));
     }
     let find = |plural| registry::find("rbac.authorization.k8s.io", "v1", plural);
-    let (Some(crb), Some(rb), Some(cr), Some(role)) = (find("clusterrolebindings"), find("rolebindings"), find("clusterroles"), find("roles")) else {
+    let (Some(crb), Some(rb), Some(cr), Some(role)) =
+        (find("clusterrolebindings"), find("rolebindings"), find("clusterroles"), find("roles"))
+    else {
         return Err(String::new());
     };
     let ns = attrs.resource.as_ref().map_or("", |r| r.namespace);

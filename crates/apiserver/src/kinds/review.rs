@@ -91,12 +91,10 @@ static SAR_PROTOBUF: Message = Message {
     fields: &[f(1, "metadata", Ty::Msg(&OBJECT_META)), f(2, "spec", Ty::Msg(&SAR_SPEC))],
     skip: &[3],
 };
-static TOKEN_SPEC: Message = Message { name: "TokenReviewSpec", fields: &[f(1, "token", Ty::Str), rep(2, "audiences", Ty::Str)], skip: &[] };
-static TOKEN_PROTOBUF: Message = Message {
-    name: "TokenReview",
-    fields: &[f(1, "metadata", Ty::Msg(&OBJECT_META)), f(2, "spec", Ty::Msg(&TOKEN_SPEC))],
-    skip: &[3],
-};
+static TOKEN_SPEC: Message =
+    Message { name: "TokenReviewSpec", fields: &[f(1, "token", Ty::Str), rep(2, "audiences", Ty::Str)], skip: &[] };
+static TOKEN_PROTOBUF: Message =
+    Message { name: "TokenReview", fields: &[f(1, "metadata", Ty::Msg(&OBJECT_META)), f(2, "spec", Ty::Msg(&TOKEN_SPEC))], skip: &[3] };
 static SUBJECT_PROTOBUF: Message = Message { name: "SelfSubjectReview", fields: &[f(1, "metadata", Ty::Msg(&OBJECT_META))], skip: &[2] };
 
 /// `SelfSubjectAccessReview`: allowed.
@@ -128,8 +126,14 @@ fn subject_access(cx: &Context<'_>, mut review: Value) -> Result<Value, Vec<Caus
     one_of_attributes(&review)?;
     let s = |p: &str| review.pointer(p).and_then(Value::as_str).unwrap_or("");
     let user = s("/spec/user");
-    let groups: Vec<String> =
-        review.pointer("/spec/groups").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
+    let groups: Vec<String> = review
+        .pointer("/spec/groups")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
     if user.is_empty() && groups.is_empty() {
         return Err(vec![Cause::new(CauseType::Required, "spec.user", "at least one of user or group must be specified")]);
     }
@@ -218,15 +222,28 @@ mod tests {
         let (_dir, objects) = objects().await;
         let def = |p| crate::registry::find("rbac.authorization.k8s.io", "v1", p).unwrap();
         objects
-            .create(def("clusterroles"), None, json!({"metadata": {"name": "kubevirt.io:console"}, "rules": [
-                {"apiGroups": ["subresources.kubevirt.io"], "resources": ["virtualmachineinstances/console"], "verbs": ["get"]}]}), false)
+            .create(
+                def("clusterroles"),
+                None,
+                json!({"metadata": {"name": "kubevirt.io:console"}, "rules": [
+                {"apiGroups": ["subresources.kubevirt.io"], "resources": ["virtualmachineinstances/console"], "verbs": ["get"]}]}),
+                false,
+            )
             .await
             .unwrap();
-        objects.create(crate::registry::find("", "v1", "namespaces").unwrap(), None, json!({"metadata": {"name": "team"}}), false).await.unwrap();
         objects
-            .create(def("rolebindings"), Some("team"), json!({"metadata": {"name": "alice-console"},
+            .create(crate::registry::find("", "v1", "namespaces").unwrap(), None, json!({"metadata": {"name": "team"}}), false)
+            .await
+            .unwrap();
+        objects
+            .create(
+                def("rolebindings"),
+                Some("team"),
+                json!({"metadata": {"name": "alice-console"},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kubevirt.io:console"},
-                "subjects": [{"kind": "User", "name": "alice", "apiGroup": "rbac.authorization.k8s.io"}]}), false)
+                "subjects": [{"kind": "User", "name": "alice", "apiGroup": "rbac.authorization.k8s.io"}]}),
+                false,
+            )
             .await
             .unwrap();
         let cx = Context { objects: &objects, token: None };

@@ -43,7 +43,15 @@ impl ObjectAccess for Objects {
         Objects::get(self, def, ns, name).map(|s| (*s.object).clone())
     }
 
-    async fn update_with<F>(&self, def: &ResourceDef, ns: Option<&str>, name: &str, part: Part, dry_run: bool, compute: F) -> Result<(), ApiError>
+    async fn update_with<F>(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        name: &str,
+        part: Part,
+        dry_run: bool,
+        compute: F,
+    ) -> Result<(), ApiError>
     where
         F: Fn(&Value) -> Result<Value, ApiError> + Send + Sync,
     {

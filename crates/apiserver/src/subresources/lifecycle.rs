@@ -56,7 +56,14 @@ pub(super) fn parse_body(sub: &str, body: &[u8]) -> Result<(bool, Option<i64>), 
 /// # Errors
 /// 404 for a missing VM, 400 for a bad body, 409 when the action does not apply (see the module
 /// docs).
-pub async fn handle<O: ObjectAccess>(objects: &O, ns: &str, name: &str, sub: &str, body: &[u8], query_dry_run: bool) -> Result<Response, ApiError> {
+pub async fn handle<O: ObjectAccess>(
+    objects: &O,
+    ns: &str,
+    name: &str,
+    sub: &str,
+    body: &[u8],
+    query_dry_run: bool,
+) -> Result<Response, ApiError> {
     let action = match sub {
         "start" => Action::Start,
         "stop" => Action::Stop,
