@@ -20,9 +20,11 @@
 //!   timed out are errors the console handler answers as 503.
 //!
 //! # Assumptions
-//! The caller is authenticated (the router's token check runs first). This server has one
-//! identity, so "the node agent's credentials" are the kubeconfig's; with several identities the
-//! tunnel route is where a node-scoped check belongs.
+//! The caller is authenticated and authorized before [`accept_link`] and [`accept_stream`] run:
+//! in the embedded server by the router's token check (one identity, so "the node agent's
+//! credentials" are the kubeconfig's); in `virtplug subresources-api` by a SubjectAccessReview
+//! for `get` on `nodes/tunnel` or `nodes/streams` named NODE (which RBAC grants per node only by
+//! `resourceNames`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

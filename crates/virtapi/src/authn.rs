@@ -16,7 +16,9 @@
 //! - A request authenticated by neither is answered 401 before its body is read.
 //!
 //! # Caveats
-//! Token reviews are not cached (every request with a token costs one review; node agents
+//! Client certificates other than the front proxy's CA's fail the TLS handshake (kube-apiserver
+//! would also accept its `--client-ca-file` users): a client connecting directly authenticates
+//! with a bearer token. Token reviews are not cached (every request with a token costs one review; node agents
 //! send one per tunnel and stream connection, users come through the front proxy). The
 //! request-header settings are read once at start ([`RequestHeader::from_cluster`]): a rotated
 //! front-proxy CA needs a restart.
