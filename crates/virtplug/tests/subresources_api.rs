@@ -150,58 +150,99 @@ impl Drop for Logs {
     }
 }
 
+/// The stand-in kube-apiserver with the front proxy's settings and RBAC (alice may use the
+/// subresources in `default`, bob may not), and the component running against it.
+struct Stack {
+    up: Up,
+    aux: PathBuf,
+    admin: kube::Client,
+    fp: FrontProxy,
+    url: String,
+    server_ca: PathBuf,
+    _virtapi: KillOnDrop,
+    _logs: Logs,
+}
+
+impl Stack {
+    async fn start() -> Stack {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        // STAND-IN for kube-apiserver.
+        let mut up = Up { dir: tempfile::tempdir().unwrap(), child: None };
+        up.spawn_with(&["apiserver"]);
+        let d = up.dir.path().to_owned();
+        let aux = d.join("aux");
+        std::fs::create_dir(&aux).unwrap();
+        let kubeconfig = up.kubeconfig();
+        let kc = kubeconfig.to_str().unwrap();
+        let admin = client::connect(Some(&kubeconfig)).await.unwrap();
+
+        // What kube-apiserver publishes for aggregated API servers, and the RBAC: alice may use the
+        // subresources in `default` (the role users get from deploy/), bob may not.
+        let fp = front_proxy(&aux);
+        let cm = json!({"metadata": {"name": "extension-apiserver-authentication"}, "data": {
+            "requestheader-client-ca-file": fp.ca_pem,
+            "requestheader-allowed-names": "[\"front-proxy-client\"]",
+            "requestheader-username-headers": "[\"X-Remote-User\"]",
+            "requestheader-group-headers": "[\"X-Remote-Group\"]",
+            "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"}});
+        let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(admin.clone(), "kube-system");
+        cms.create(&PostParams::default(), &serde_json::from_value(cm).unwrap()).await.unwrap();
+        let rbac = |plural: &str| kube::api::ApiResource {
+            group: "rbac.authorization.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "rbac.authorization.k8s.io/v1".into(),
+            kind: String::new(),
+            plural: plural.into(),
+        };
+        let roles: Api<kube::api::DynamicObject> = Api::all_with(admin.clone(), &rbac("clusterroles"));
+        roles.create(&PostParams::default(), &serde_json::from_value(edit_role()).unwrap()).await.unwrap();
+        let bindings: Api<kube::api::DynamicObject> = Api::namespaced_with(admin.clone(), "default", &rbac("rolebindings"));
+        let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "alice-vms"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "virtplug-subresources-edit"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]});
+        bindings.create(&PostParams::default(), &serde_json::from_value(binding).unwrap()).await.unwrap();
+        // STAND-IN of kube-apiserver's bootstrap role: discovery for every authenticated user.
+        let discovery = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "system:discovery"},
+            "rules": [{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version"], "verbs": ["get"]}]});
+        roles.create(&PostParams::default(), &serde_json::from_value(discovery).unwrap()).await.unwrap();
+        let everyone = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "system:discovery"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:discovery"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated"}]});
+        let cluster_bindings: Api<kube::api::DynamicObject> = Api::all_with(admin.clone(), &rbac("clusterrolebindings"));
+        cluster_bindings.create(&PostParams::default(), &serde_json::from_value(everyone).unwrap()).await.unwrap();
+
+        // The component; its own identity is the kubeconfig's.
+        let certs = aux.join("virtapi");
+        let (_virtapi, line) = spawn(
+            &aux,
+            "subresources-api",
+            &["subresources-api", "--kubeconfig", kc, "--listen", "127.0.0.1:0", "--cert-dir", certs.to_str().unwrap()],
+            Some("is serving subresources.kubevirt.io at https://"),
+        );
+        assert!(line.contains("(front proxy: trusted)"), "{line}");
+        let url = line.split_whitespace().find(|w| w.starts_with("https://")).unwrap().to_owned();
+        let server_ca = certs.join("ca.crt");
+        Stack { up, aux: aux.clone(), admin, fp, url, server_ca, _virtapi, _logs: Logs(aux) }
+    }
+
+    /// A client of the component as kube-aggregator's proxy sends `user`'s requests.
+    async fn proxied(&self, user: &'static str) -> kube::Client {
+        client_of(&self.aux, user, &self.url, &self.server_ca, Some(&self.fp.proxy), &as_user(user)).await
+    }
+}
+
+fn as_user(user: &'static str) -> [(&'static str, &'static str); 2] {
+    [("X-Remote-User", user), ("X-Remote-Group", "system:authenticated")]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_authentication_and_rbac() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    // STAND-IN for kube-apiserver.
-    let mut up = Up { dir: tempfile::tempdir().unwrap(), child: None };
-    up.spawn_with(&["apiserver"]);
+    let st = Stack::start().await;
+    let (up, aux, admin, fp, url, server_ca) = (&st.up, &st.aux, &st.admin, &st.fp, &st.url, &st.server_ca);
     let d = up.dir.path().to_owned();
-    let aux = d.join("aux");
-    std::fs::create_dir(&aux).unwrap();
-    let _logs = Logs(aux.clone());
-    let kubeconfig = up.kubeconfig();
-    let kc = kubeconfig.to_str().unwrap();
-    let admin = client::connect(Some(&kubeconfig)).await.unwrap();
-
-    // What kube-apiserver publishes for aggregated API servers, and the RBAC: alice may use the
-    // subresources in `default` (the role users get from deploy/), bob may not.
-    let fp = front_proxy(&aux);
-    let cm = json!({"metadata": {"name": "extension-apiserver-authentication"}, "data": {
-        "requestheader-client-ca-file": fp.ca_pem,
-        "requestheader-allowed-names": "[\"front-proxy-client\"]",
-        "requestheader-username-headers": "[\"X-Remote-User\"]",
-        "requestheader-group-headers": "[\"X-Remote-Group\"]",
-        "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]"}});
-    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(admin.clone(), "kube-system");
-    cms.create(&PostParams::default(), &serde_json::from_value(cm).unwrap()).await.unwrap();
-    let rbac = |plural: &str| kube::api::ApiResource {
-        group: "rbac.authorization.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "rbac.authorization.k8s.io/v1".into(),
-        kind: String::new(),
-        plural: plural.into(),
-    };
-    let roles: Api<kube::api::DynamicObject> = Api::all_with(admin.clone(), &rbac("clusterroles"));
-    roles.create(&PostParams::default(), &serde_json::from_value(edit_role()).unwrap()).await.unwrap();
-    let bindings: Api<kube::api::DynamicObject> = Api::namespaced_with(admin.clone(), "default", &rbac("rolebindings"));
-    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "alice-vms"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "virtplug-subresources-edit"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]});
-    bindings.create(&PostParams::default(), &serde_json::from_value(binding).unwrap()).await.unwrap();
-
-    // The component (its own identity is the kubeconfig's), then the controller and a node agent
-    // whose console tunnel goes to the component.
-    let certs = aux.join("virtapi");
-    let (_virtapi, line) = spawn(
-        &aux,
-        "subresources-api",
-        &["subresources-api", "--kubeconfig", kc, "--listen", "127.0.0.1:0", "--cert-dir", certs.to_str().unwrap()],
-        Some("is serving subresources.kubevirt.io at https://"),
-    );
-    assert!(line.contains("(front proxy: trusted)"), "{line}");
-    let url = line.split_whitespace().find(|w| w.starts_with("https://")).unwrap().to_owned();
-    let server_ca = certs.join("ca.crt");
+    let kc = up.kubeconfig();
+    let kc = kc.to_str().unwrap();
+    // The controller, and a node agent whose console tunnel goes to the component.
     let (_controller, _) = spawn(&aux, "controller", &["controller", "--kubeconfig", kc, "--health-listen", "127.0.0.1:0"], None);
     let (_node, _) = spawn(
         &aux,
@@ -226,9 +267,7 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
         ],
         None,
     );
-    let as_user = |user: &'static str| [("X-Remote-User", user), ("X-Remote-Group", "system:authenticated")];
-    let alice = client_of(&aux, "alice", &url, &server_ca, Some(&fp.proxy), &as_user("alice")).await;
-    let bob = client_of(&aux, "bob", &url, &server_ca, Some(&fp.proxy), &as_user("bob")).await;
+    let (alice, bob) = (st.proxied("alice").await, st.proxied("bob").await);
 
     up.vm("con1");
     let uid = common::wait_until(BOOT, "VMI con1 running", || {
@@ -331,4 +370,54 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
         async move { (ok && out.trim().is_empty()).then_some(()) }
     })
     .await;
+}
+
+/// Without a guest: what the component answers besides the subresources' effects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_edits_are_all_kept_and_discovery_health_and_tokens_answer_as_kube_apiserver() {
+    let st = Stack::start().await;
+    let alice = st.proxied("alice").await;
+    // Health needs no credentials.
+    let anonymous = client_of(&st.aux, "anonymous", &st.url, &st.server_ca, None, &[]).await;
+    let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
+    assert_eq!(anonymous.request_text(req).await.unwrap(), "ok");
+    // Discovery is the embedded server's, authorized as a non-resource path (`system:discovery`
+    // grants it to every authenticated user; one the proxy names without that group gets none).
+    let (code, served) = call(&alice, "GET", "/apis/subresources.kubevirt.io/v1", Value::Null).await;
+    let (_, embedded) = call(&st.admin, "GET", "/apis/subresources.kubevirt.io/v1", Value::Null).await;
+    assert_eq!((code, &served), (200, &embedded));
+    let groupless = client_of(&st.aux, "groupless", &st.url, &st.server_ca, Some(&st.fp.proxy), &[("X-Remote-User", "carol")]).await;
+    let (code, status) = call(&groupless, "GET", "/apis/subresources.kubevirt.io/v1", Value::Null).await;
+    assert_eq!(
+        (code, status["message"].as_str()),
+        (403, Some("forbidden: User \"carol\" cannot get path \"/apis/subresources.kubevirt.io/v1\""))
+    );
+    // A bearer token is reviewed by the API server (TokenReview): the kubeconfig's is its
+    // administrator, another is nobody.
+    let kc: Value = serde_yaml::from_str(&std::fs::read_to_string(st.up.kubeconfig()).unwrap()).unwrap();
+    let token = kc["users"][0]["user"]["token"].as_str().unwrap().to_owned();
+    for (name, token, want) in [("admin-token", token.clone(), 200), ("wrong-token", format!("{}x", &token[..token.len() - 1]), 401)] {
+        let auth = format!("Bearer {token}");
+        let c = client_of(&st.aux, name, &st.url, &st.server_ca, None, &[("Authorization", auth.as_str())]).await;
+        assert_eq!(call(&c, "GET", "/apis/subresources.kubevirt.io/v1", Value::Null).await.0, want, "{name}");
+    }
+
+    // Eight addvolume requests at once on one VM: each edit is a write conditional on the
+    // resourceVersion it read, redone on conflict, so every volume is there at the end.
+    let vms: Api<VirtualMachine> = Api::namespaced(st.admin.clone(), "default");
+    vms.create(&PostParams::default(), &serde_json::from_value(common::vm("many")).unwrap()).await.unwrap();
+    let path = "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/many/addvolume";
+    let adds = (0..8).map(|i| {
+        let alice = alice.clone();
+        let body = json!({"name": format!("v{i}"), "disk": {"disk": {"bus": "scsi"}}, "volumeSource": {"persistentVolumeClaim": {"claimName": format!("c{i}")}}});
+        async move { call(&alice, "PUT", path, body).await }
+    });
+    for (code, status) in futures::future::join_all(adds).await {
+        assert_eq!(code, 202, "{status}");
+    }
+    let vm = vms.get("many").await.unwrap();
+    let names: std::collections::BTreeSet<String> = vm.spec.template.spec.unwrap().volumes.into_iter().map(|v| v.name).collect();
+    for i in 0..8 {
+        assert!(names.contains(&format!("v{i}")), "volume v{i} lost: {names:?}");
+    }
 }
