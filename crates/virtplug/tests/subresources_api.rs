@@ -243,9 +243,9 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
     let kc = up.kubeconfig();
     let kc = kc.to_str().unwrap();
     // The controller, and a node agent whose console tunnel goes to the component.
-    let (_controller, _) = spawn(&aux, "controller", &["controller", "--kubeconfig", kc, "--health-listen", "127.0.0.1:0"], None);
+    let (_controller, _) = spawn(aux, "controller", &["controller", "--kubeconfig", kc, "--health-listen", "127.0.0.1:0"], None);
     let (_node, _) = spawn(
-        &aux,
+        aux,
         "node",
         &[
             "node",
@@ -261,7 +261,7 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
             "--health-listen",
             "127.0.0.1:0",
             "--tunnel-server",
-            &url,
+            url,
             "--tunnel-ca",
             server_ca.to_str().unwrap(),
         ],
@@ -314,7 +314,7 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
     // The X-Remote-User headers without the front proxy's certificate, or with a certificate of
     // its CA under a name not allowed to proxy: nobody (401), whatever the headers say.
     for (name, cert) in [("spoof", None), ("intruder", Some(&fp.intruder))] {
-        let c = client_of(&aux, name, &url, &server_ca, cert, &as_user("alice")).await;
+        let c = client_of(aux, name, url, server_ca, cert, &as_user("alice")).await;
         let (code, status) = call(&c, "GET", console, Value::Null).await;
         assert_eq!((code, status["reason"].as_str()), (401, Some("Unauthorized")), "{name}: {status}");
     }
@@ -322,7 +322,7 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
     // The edits, with the embedded server's codes and words: start on a running VM is the same
     // 409 from both.
     let (code, refused) = call(&alice, "PUT", &vm_path("start"), json!({})).await;
-    let (embedded_code, embedded) = call(&admin, "PUT", &vm_path("start"), json!({})).await;
+    let (embedded_code, embedded) = call(admin, "PUT", &vm_path("start"), json!({})).await;
     assert_eq!((code, &refused["message"]), (409, &json!("VM is already running")));
     assert_eq!((embedded_code, &embedded["message"]), (code, &refused["message"]));
     // pause: the node agent stops the guest's CPUs and says so in the VMI's Paused condition.
@@ -357,7 +357,7 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
     let added = volumes().await;
     assert!(added.iter().any(|v| v["name"] == "extra" && v["persistentVolumeClaim"]["hotpluggable"] == true), "{added:?}");
     let (code, bad) = call(&alice, "PUT", &vm_path("addvolume"), json!({"name": "x"})).await;
-    let (embedded_code, embedded_bad) = call(&admin, "PUT", &vm_path("addvolume"), json!({"name": "x"})).await;
+    let (embedded_code, embedded_bad) = call(admin, "PUT", &vm_path("addvolume"), json!({"name": "x"})).await;
     assert_eq!((code, &bad["message"]), (embedded_code, &embedded_bad["message"]), "{bad}");
     assert_eq!(code, 400);
     assert_eq!(call(&alice, "PUT", &vm_path("removevolume"), json!({"name": "extra"})).await.0, 202);
