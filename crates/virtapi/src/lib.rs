@@ -194,17 +194,8 @@ async fn route(st: &Server, parts: &mut Parts, body: Body, path: &str) -> Result
                 return Err(ApiError::method_not_allowed());
             }
             let body = axum::body::to_bytes(body, BODY_LIMIT).await.map_err(|_| ApiError::too_large(BODY_LIMIT))?;
-            let dry = dry_run(parts);
-            let o = &st.objects;
-            if (vmi || plural == "virtualmachines") && subresources::volumes::SUBRESOURCES.contains(&sub.as_str()) {
-                subresources::volumes::handle(o, &plural, &ns, &name, &sub, &body, dry).await
-            } else if plural == "virtualmachines" && subresources::lifecycle::SUBRESOURCES.contains(&sub.as_str()) {
-                subresources::lifecycle::handle(o, &ns, &name, &sub, &body, dry).await
-            } else if vmi && subresources::vmi_actions::SUBRESOURCES.contains(&sub.as_str()) {
-                subresources::vmi_actions::handle(o, &ns, &name, &sub, &body, dry).await
-            } else {
-                Err(ApiError::no_resource())
-            }
+            let put = subresources::Put { plural: &plural, ns: &ns, name: &name, sub: &sub, body: &body, query_dry_run: dry_run(parts) };
+            subresources::put(&st.objects, &put).await
         }
         ["apis", TUNNEL_GROUP, "v1", "nodes", node, "tunnel"] if get => {
             let node = (*node).to_owned();

@@ -17,6 +17,7 @@ use api::lifecycle_requests::{decide, set_requests, set_strategy, Action, Change
 use api::validation::{Cause, CauseType};
 
 use super::access::ObjectAccess;
+use super::Put;
 use crate::objects::Part;
 use crate::registry;
 use crate::status::ApiError;
@@ -56,14 +57,8 @@ pub(super) fn parse_body(sub: &str, body: &[u8]) -> Result<(bool, Option<i64>), 
 /// # Errors
 /// 404 for a missing VM, 400 for a bad body, 409 when the action does not apply (see the module
 /// docs).
-pub async fn handle<O: ObjectAccess>(
-    objects: &O,
-    ns: &str,
-    name: &str,
-    sub: &str,
-    body: &[u8],
-    query_dry_run: bool,
-) -> Result<Response, ApiError> {
+pub async fn handle<O: ObjectAccess>(objects: &O, put: &Put<'_>) -> Result<Response, ApiError> {
+    let Put { ns, name, sub, body, query_dry_run, .. } = *put;
     let action = match sub {
         "start" => Action::Start,
         "stop" => Action::Stop,

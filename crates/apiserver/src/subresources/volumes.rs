@@ -19,6 +19,7 @@ use api::phases::VmiPhase;
 use api::validation::{Cause, CauseType};
 
 use super::access::ObjectAccess;
+use super::Put;
 use crate::registry;
 use crate::status::ApiError;
 
@@ -115,15 +116,8 @@ fn owned_by_vm(vmi: &api::VirtualMachineInstance) -> bool {
 /// # Errors
 /// 400 for bad bodies (with field causes) and VM-owned VMIs, 404, 409 as KubeVirt, 422 when
 /// the resulting spec is invalid.
-pub async fn handle<O: ObjectAccess>(
-    objects: &O,
-    plural: &str,
-    ns: &str,
-    name: &str,
-    sub: &str,
-    body: &[u8],
-    query_dry_run: bool,
-) -> Result<Response, ApiError> {
+pub async fn handle<O: ObjectAccess>(objects: &O, put: &Put<'_>) -> Result<Response, ApiError> {
+    let Put { plural, ns, name, sub, body, query_dry_run } = *put;
     let def = registry::find("kubevirt.io", "v1", plural).ok_or_else(ApiError::no_resource)?;
     if body.is_empty() {
         return Err(ApiError::bad_request(format!(

@@ -14,7 +14,7 @@
 use anyhow::bail;
 use serde_json::Value;
 
-use apiserver::subresources::{lifecycle, vmi_actions, volumes};
+use apiserver::subresources::{self, vmi_actions};
 use virtapi::objects::KubeObjects;
 
 /// Whether the API server serves KubeVirt's subresources API.
@@ -31,15 +31,9 @@ pub async fn subresources_served(client: &kube::Client) -> bool {
 pub async fn apply(client: &kube::Client, ns: &str, name: &str, sub: &str, body: &Value) -> anyhow::Result<()> {
     let objects = KubeObjects(client.clone());
     let body = serde_json::to_vec(body)?;
-    let done = if volumes::SUBRESOURCES.contains(&sub) {
-        volumes::handle(&objects, "virtualmachines", ns, name, sub, &body, false).await
-    } else if lifecycle::SUBRESOURCES.contains(&sub) {
-        lifecycle::handle(&objects, ns, name, sub, &body, false).await
-    } else if vmi_actions::SUBRESOURCES.contains(&sub) {
-        vmi_actions::handle(&objects, ns, name, sub, &body, false).await
-    } else {
-        bail!("{sub} needs the subresources.kubevirt.io API, which this API server does not serve")
-    };
+    let plural = if vmi_actions::SUBRESOURCES.contains(&sub) { "virtualmachineinstances" } else { "virtualmachines" };
+    let put = subresources::Put { plural, ns, name, sub, body: &body, query_dry_run: false };
+    let done = subresources::put(&objects, &put).await;
     match done {
         Ok(_) => Ok(()),
         Err(e) => bail!("{sub} {ns}/{name}: {} ({})", e.message, e.code),
