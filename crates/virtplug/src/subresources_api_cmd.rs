@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 #[derive(Args)]
 pub struct SubresourcesApiArgs {
     /// Kubeconfig of this component's identity [default: $KUBECONFIG, ~/.kube/config,
-    /// in-cluster]. It needs `system:auth-delegator`, the `extension-apiserver-authentication-
-    /// reader` Role in kube-system, and its ClusterRole in deploy/ (VMs, VMIs, Nodes).
+    /// in-cluster]. It needs `system:auth-delegator`, the Role
+    /// `extension-apiserver-authentication-reader` in kube-system, and its ClusterRole in
+    /// deploy/ (VMs, VMIs, Nodes).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Serve HTTPS here (the Service's target port).
@@ -27,7 +28,8 @@ pub struct SubresourcesApiArgs {
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// Without --tls-cert: a CA is generated here (`ca.crt`) and signs a serving certificate
-    /// for the loopback names, the host name and each --tls-san.
+    /// for the loopback names, the host name and each --tls-san. The directory must be this
+    /// user's (or missing: it is created 0700).
     #[arg(long, default_value = "/var/lib/virtplug-subresources-api")]
     cert_dir: PathBuf,
     /// More names of the generated certificate (the Service's DNS names).
