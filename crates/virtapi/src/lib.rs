@@ -169,6 +169,19 @@ fn tunnel_resources() -> Value {
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{TUNNEL_GROUP}/v1"), "resources": resources})
 }
 
+/// Refuses a namespace, object or node name that is not one Kubernetes allows, before it reaches
+/// a request this component makes with its own credentials: the path's segments are not
+/// percent-decoded here, and a name like `a%2F..%2Fb` must not become a different path at the API
+/// server.
+fn valid_names(ns: Option<&str>, name: &str) -> Result<(), ApiError> {
+    let mut causes = ns.map(|ns| api::validation::dns1123_label(ns, "namespace")).unwrap_or_default();
+    causes.extend(api::validation::dns1123_subdomain(name, "name"));
+    match causes.first() {
+        None => Ok(()),
+        Some(c) => Err(ApiError::bad_request(format!("{}: {}", c.field, c.message))),
+    }
+}
+
 fn dry_run(parts: &Parts) -> bool {
     form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()).any(|(k, v)| k == "dryRun" && v == "All")
 }
@@ -185,6 +198,7 @@ async fn route(st: &Server, parts: &mut Parts, body: Body, path: &str) -> Result
         ["apis", KUBEVIRT_GROUP, "v1"] if get => Ok(json_ok(&subresources::resource_list())),
         ["apis", TUNNEL_GROUP, "v1"] if get => Ok(json_ok(&tunnel_resources())),
         ["apis", KUBEVIRT_GROUP, "v1", "namespaces", ns, plural, name, sub] => {
+            valid_names(Some(ns), name)?;
             let (ns, plural, name, sub) = ((*ns).to_owned(), (*plural).to_owned(), (*name).to_owned(), (*sub).to_owned());
             let vmi = plural == "virtualmachineinstances";
             if get && vmi && subresources::console::SUBRESOURCES.contains(&sub.as_str()) {
@@ -198,13 +212,33 @@ async fn route(st: &Server, parts: &mut Parts, body: Body, path: &str) -> Result
             subresources::put(&st.objects, &put).await
         }
         ["apis", TUNNEL_GROUP, "v1", "nodes", node, "tunnel"] if get => {
+            valid_names(None, node)?;
             let node = (*node).to_owned();
             apiserver::tunnel::accept_link(&st.objects, &st.tunnels, parts, &node).await
         }
         ["apis", TUNNEL_GROUP, "v1", "nodes", node, "streams", id] if get => {
+            valid_names(None, node)?;
             let (node, id) = ((*node).to_owned(), (*id).to_owned());
             apiserver::tunnel::accept_stream(&st.tunnels, parts, &node, &id)
         }
         _ => Err(ApiError::no_resource()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name that would read as another path once the API server decodes it is refused here,
+    /// before this component's credentials carry it anywhere.
+    #[test]
+    fn names_that_are_not_kubernetes_names_are_refused() {
+        assert!(valid_names(Some("default"), "vm-1.a").is_ok());
+        for (ns, name) in
+            [(Some("default"), "x%2F..%2F..%2Fnamespaces%2Fother"), (Some("a%2Fb"), "vm"), (Some("default"), ".."), (None, "Node_1")]
+        {
+            let e = valid_names(ns, name).unwrap_err();
+            assert_eq!(e.code, 400, "{ns:?} {name}");
+        }
     }
 }
