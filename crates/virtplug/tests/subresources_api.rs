@@ -402,6 +402,15 @@ async fn concurrent_edits_are_all_kept_and_discovery_health_and_tokens_answer_as
         assert_eq!(call(&c, "GET", "/apis/subresources.kubevirt.io/v1", Value::Null).await.0, want, "{name}");
     }
 
+    // A client certificate of another CA, even named as the front proxy, fails the handshake.
+    let other = st.aux.join("other-ca");
+    std::fs::create_dir(&other).unwrap();
+    let forged = front_proxy(&other);
+    let c = client_of(&other, "forged", &st.url, &st.server_ca, Some(&forged.proxy), &as_user("alice")).await;
+    let req = http::Request::get("/apis/subresources.kubevirt.io/v1").body(kube::client::Body::empty()).unwrap();
+    let refused = c.send(req).await;
+    assert!(refused.is_err(), "a certificate of another CA must not get an answer: {refused:?}");
+
     // Eight addvolume requests at once on one VM: each edit is a write conditional on the
     // resourceVersion it read, redone on conflict, so every volume is there at the end.
     let vms: Api<VirtualMachine> = Api::namespaced(st.admin.clone(), "default");
