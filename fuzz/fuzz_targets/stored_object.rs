@@ -343,6 +343,7 @@ async fn run(input: Value) {
         watches: apiserver::watch::WatchSlots::default(),
         kubevirt_subresources: true,
         tunnels: Arc::default(),
+        token: None,
     };
     let api = Api { router: axum::Router::new().fallback(apiserver::routes::dispatch).with_state(Arc::new(state)) };
 

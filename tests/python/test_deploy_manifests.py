@@ -25,7 +25,11 @@ FILES = [
     "20-rbac.yaml",
     "30-controller.yaml",
     "40-node.yaml",
+    "50-subresources-api.yaml",
 ]
+# Roles every Kubernetes cluster has, which virtplug's bindings may name without defining.
+BUILTIN_CLUSTER_ROLES = {"system:auth-delegator"}
+BUILTIN_ROLES = {("kube-system", "extension-apiserver-authentication-reader")}
 
 
 def documents():
@@ -82,8 +86,8 @@ def test_the_datavolume_crd_is_alone_and_says_when_to_skip_it():
 
 def test_workloads_and_bindings_name_what_exists():
     accounts = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in by_kind("ServiceAccount")}
-    roles = {d["metadata"]["name"] for d in by_kind("ClusterRole")}
-    assert accounts == {("virtplug", "virtplug-controller"), ("virtplug", "virtplug-node")}
+    roles = {d["metadata"]["name"] for d in by_kind("ClusterRole")} | BUILTIN_CLUSTER_ROLES
+    assert accounts == {("virtplug", "virtplug-controller"), ("virtplug", "virtplug-node"), ("virtplug", "virtplug-subresources-api")}
     for w in by_kind("Deployment") + by_kind("DaemonSet"):
         assert w["metadata"]["namespace"] == "virtplug"
         assert ("virtplug", w["spec"]["template"]["spec"]["serviceAccountName"]) in accounts, w["metadata"]["name"]
@@ -94,11 +98,25 @@ def test_workloads_and_bindings_name_what_exists():
         for s in b["subjects"]:
             assert s["kind"] == "ServiceAccount" and (s["namespace"], s["name"]) in accounts, b["metadata"]["name"]
             bound.add((s["name"], b["roleRef"]["name"]))
-    assert bound == {("virtplug-controller", "virtplug-controller"), ("virtplug-node", "virtplug-node")}
+    for b in by_kind("RoleBinding"):
+        ns = b["metadata"]["namespace"]
+        assert (ns, b["roleRef"]["name"]) in BUILTIN_ROLES and b["roleRef"]["kind"] == "Role", b["metadata"]["name"]
+        for s in b["subjects"]:
+            assert s["kind"] == "ServiceAccount" and (s["namespace"], s["name"]) in accounts, b["metadata"]["name"]
+            bound.add((s["name"], f"{ns}/{b['roleRef']['name']}"))
+    assert bound == {
+        ("virtplug-controller", "virtplug-controller"),
+        ("virtplug-node", "virtplug-node"),
+        ("virtplug-subresources-api", "virtplug-subresources-api"),
+        # An aggregated API server's delegation: TokenReviews, SubjectAccessReviews, and the
+        # front proxy's settings.
+        ("virtplug-subresources-api", "system:auth-delegator"),
+        ("virtplug-subresources-api", "kube-system/extension-apiserver-authentication-reader"),
+    }
 
 
 def test_the_workloads_run_what_the_issue_asks():
-    (controller,) = by_kind("Deployment")
+    (controller,) = [d for d in by_kind("Deployment") if d["metadata"]["name"] == "virtplug-controller"]
     (node,) = by_kind("DaemonSet")
     assert controller["spec"]["replicas"] == 2
     c = controller["spec"]["template"]["spec"]["containers"][0]
@@ -118,6 +136,28 @@ def test_the_workloads_run_what_the_issue_asks():
         assert host[mounts[path]["name"]] == path
     assert mounts["/var/lib/kubelet/pods"]["mountPropagation"] == "Bidirectional"
     assert {"operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_the_subresources_api_is_an_aggregated_api_server():
+    """KubeVirt's subresources (and the node tunnels) are proxied by kube-apiserver to the
+    component's Service, whose pod runs `virtplug subresources-api` with HTTPS probes; users get
+    the subresources through a role aggregated into `edit` and `admin`."""
+    (api,) = [d for d in by_kind("Deployment") if d["metadata"]["name"] == "virtplug-subresources-api"]
+    pod = api["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert pod["serviceAccountName"] == "virtplug-subresources-api" and c["args"][0] == "subresources-api"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    (svc,) = [d for d in by_kind("Service") if d["metadata"]["name"] == "virtplug-subresources-api"]
+    assert svc["spec"]["selector"] == api["spec"]["selector"]["matchLabels"]
+    services = {(d["spec"]["group"], d["spec"]["version"]): d for d in by_kind("APIService")}
+    assert set(services) == {("subresources.kubevirt.io", "v1"), ("subresources.virtplug.io", "v1")}
+    for (group, version), s in services.items():
+        assert s["metadata"]["name"] == f"{version}.{group}"
+        assert s["spec"]["service"] == {"namespace": "virtplug", "name": "virtplug-subresources-api", "port": 443}
+    (edit,) = [d for d in by_kind("ClusterRole") if d["metadata"]["name"] == "virtplug-subresources-edit"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    granted = {(r, v) for rule in edit["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert ("virtualmachineinstances/console", "get") in granted and ("virtualmachines/start", "update") in granted
 
 
 def test_the_containerfile_has_its_stages():

@@ -27,6 +27,8 @@ pub struct ApiState {
     pub kubevirt_subresources: bool,
     /// The node agents' tunnels (console and VNC).
     pub tunnels: std::sync::Arc<crate::tunnel::Tunnels>,
+    /// The bearer token a `TokenReview` authenticates (the kubeconfig's); `None`: none.
+    pub token: Option<String>,
 }
 
 /// One request on its way to its handler.

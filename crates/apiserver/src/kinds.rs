@@ -12,6 +12,7 @@ pub mod lease;
 pub mod namespace;
 pub mod persistentvolume;
 pub mod pod;
+pub mod rbac;
 pub mod review;
 pub mod secret;
 pub mod service;

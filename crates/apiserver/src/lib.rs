@@ -241,6 +241,7 @@ impl Server {
             watches: watch::WatchSlots::default(),
             kubevirt_subresources: config.kubevirt_subresources,
             tunnels: Arc::default(),
+            token: Some(credentials.token.clone()),
         });
         Ok(Server { state, credentials, data_dir: config.data_dir.clone(), health, connections: config.connections.clone(), audit })
     }

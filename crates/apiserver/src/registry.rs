@@ -64,6 +64,9 @@ pub enum NameRule {
     Label,
     /// DNS-1035 label (starts with a letter): Service.
     Label1035,
+    /// A path segment (not `.` or `..`, no `/` or `%`): RBAC's roles and bindings, whose names
+    /// have colons (`system:auth-delegator`, `kubevirt.io:edit`).
+    PathSegment,
 }
 
 impl ResourceDef {
@@ -121,6 +124,18 @@ impl ResourceDef {
         match self.names {
             NameRule::Subdomain => api::validation::dns1123_subdomain(name, "metadata.name"),
             NameRule::Label => api::validation::dns1123_label(name, "metadata.name"),
+            NameRule::PathSegment => {
+                let bad = name.is_empty() || name == "." || name == ".." || name.contains(['/', '%']) || name.len() > 253;
+                if bad {
+                    vec![api::validation::Cause::new(
+                        api::validation::CauseType::Invalid,
+                        "metadata.name",
+                        format!("{name:?} may not be empty, '.' or '..', contain '/' or '%', or be longer than 253 characters"),
+                    )]
+                } else {
+                    Vec::new()
+                }
+            }
             NameRule::Label1035 => {
                 let mut causes = api::validation::dns1123_label(name, "metadata.name");
                 if causes.is_empty() && !name.starts_with(|c: char| c.is_ascii_lowercase()) {
@@ -317,6 +332,59 @@ pub static RESOURCES: &[ResourceDef] = &[
         kind: "SelfSubjectRulesReview",
         namespaced: false,
         review: Some(&crate::kinds::review::RULES),
+        ..CORE
+    },
+    ResourceDef {
+        group: "authorization.k8s.io",
+        plural: "subjectaccessreviews",
+        singular: "subjectaccessreview",
+        kind: "SubjectAccessReview",
+        namespaced: false,
+        review: Some(&crate::kinds::review::SUBJECT_ACCESS),
+        ..CORE
+    },
+    ResourceDef {
+        group: "authentication.k8s.io",
+        plural: "tokenreviews",
+        singular: "tokenreview",
+        kind: "TokenReview",
+        namespaced: false,
+        review: Some(&crate::kinds::review::TOKEN),
+        ..CORE
+    },
+    // RBAC: stored as they are; `SubjectAccessReview`s are decided by them (kinds::rbac).
+    ResourceDef {
+        group: "rbac.authorization.k8s.io",
+        plural: "clusterroles",
+        singular: "clusterrole",
+        kind: "ClusterRole",
+        namespaced: false,
+        names: NameRule::PathSegment,
+        ..CORE
+    },
+    ResourceDef {
+        group: "rbac.authorization.k8s.io",
+        plural: "clusterrolebindings",
+        singular: "clusterrolebinding",
+        kind: "ClusterRoleBinding",
+        namespaced: false,
+        names: NameRule::PathSegment,
+        ..CORE
+    },
+    ResourceDef {
+        group: "rbac.authorization.k8s.io",
+        plural: "roles",
+        singular: "role",
+        kind: "Role",
+        names: NameRule::PathSegment,
+        ..CORE
+    },
+    ResourceDef {
+        group: "rbac.authorization.k8s.io",
+        plural: "rolebindings",
+        singular: "rolebinding",
+        kind: "RoleBinding",
+        names: NameRule::PathSegment,
         ..CORE
     },
     ResourceDef {

@@ -102,7 +102,7 @@ pub static ROUTES: &[Route] = &[
         Handler::Async(|c| Box::pin(subresources::console::handle(c))),
     ),
     // The node agents' tunnels (the console and VNC streams' way to the nodes).
-    Route::Path(Method::GET, "/apis/subresources.virtplug.io/v1/nodes/{node}/tunnel", Handler::Async(|c| Box::pin(async { tunnel::link(c) }))),
+    Route::Path(Method::GET, "/apis/subresources.virtplug.io/v1/nodes/{node}/tunnel", Handler::Async(|c| Box::pin(tunnel::link(c)))),
     Route::Path(
         Method::GET,
         "/apis/subresources.virtplug.io/v1/nodes/{node}/streams/{id}",
@@ -303,6 +303,7 @@ mod tests {
             watches: watch::WatchSlots::default(),
             kubevirt_subresources: true,
             tunnels: Arc::default(),
+            token: None,
         })
     }
 

@@ -20,15 +20,18 @@
 //!   timed out are errors the console handler answers as 503.
 //!
 //! # Assumptions
-//! The caller is authenticated (the router's token check runs first). This server has one
-//! identity, so "the node agent's credentials" are the kubeconfig's; with several identities the
-//! tunnel route is where a node-scoped check belongs.
+//! The caller is authenticated and authorized before [`accept_link`] and [`accept_stream`] run:
+//! in the embedded server by the router's token check (one identity, so "the node agent's
+//! credentials" are the kubeconfig's); in `virtplug subresources-api` by a SubjectAccessReview
+//! for `get` on `nodes/tunnel` or `nodes/streams` named NODE (which RBAC grants per node only by
+//! `resourceNames`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::http::request::Parts;
 use axum::response::Response;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
@@ -40,6 +43,7 @@ use api::tunnel::{Open, Refused, ServerLine, StreamKind, KEEPALIVE, MAX_LINE, ST
 use crate::call::Call;
 use crate::registry;
 use crate::status::ApiError;
+use crate::subresources::access::ObjectAccess;
 use crate::websocket::{asks_upgrade, switching, take_upgrade};
 
 /// How long [`Tunnels::open`] waits for the agent's stream.
@@ -205,18 +209,32 @@ impl Tunnels {
 /// connection.
 ///
 /// # Errors
+/// See [`accept_link`].
+pub async fn link(mut c: Call<'_>) -> Result<Response, ApiError> {
+    let node = c.capture("node").to_owned();
+    accept_link(&c.st.objects, &c.st.tunnels, &mut c.parts, &node).await
+}
+
+/// The tunnel handler's work wherever the Node is read from: checks the upgrade in `parts` and
+/// that Node `node` exists in `objects`, then answers 101, after which a task serves the link.
+///
+/// # Errors
 /// 400 without `Upgrade: virtplug-tunnel.v1` (or over HTTP/2), 404 when the Node does not exist.
-pub fn link(mut c: Call<'_>) -> Result<Response, ApiError> {
-    if !asks_upgrade(&c.parts.headers, TUNNEL_UPGRADE) {
+pub async fn accept_link<O: ObjectAccess>(
+    objects: &O,
+    tunnels: &Arc<Tunnels>,
+    parts: &mut Parts,
+    node: &str,
+) -> Result<Response, ApiError> {
+    if !asks_upgrade(&parts.headers, TUNNEL_UPGRADE) {
         return Err(ApiError::bad_request(format!(
             "a node tunnel is an upgrade: send `Connection: Upgrade` and `Upgrade: {TUNNEL_UPGRADE}`"
         )));
     }
-    let node = c.capture("node").to_owned();
     let def = registry::find("", "v1", "nodes").ok_or_else(ApiError::no_resource)?;
-    c.st.objects.get(def, None, &node)?;
-    let upgrade = take_upgrade(&mut c.parts)?;
-    let tunnels = Arc::clone(&c.st.tunnels);
+    objects.get(def, None, node).await?;
+    let upgrade = take_upgrade(parts)?;
+    let (tunnels, node) = (Arc::clone(tunnels), node.to_owned());
     tokio::spawn(async move {
         match upgrade.await {
             Ok(up) => tunnels.serve_link(node, TokioIo::new(up)).await,
@@ -230,16 +248,25 @@ pub fn link(mut c: Call<'_>) -> Result<Response, ApiError> {
 /// the stream `id` it was asked for.
 ///
 /// # Errors
-/// 400 without `Upgrade: virtplug-stream.v1`, 404 when no stream `id` is waiting for this node.
+/// See [`accept_stream`].
 pub fn stream(mut c: Call<'_>) -> Result<Response, ApiError> {
-    if !asks_upgrade(&c.parts.headers, STREAM_UPGRADE) {
+    let (node, id) = (c.capture("node").to_owned(), c.capture("id").to_owned());
+    accept_stream(&c.st.tunnels, &mut c.parts, &node, &id)
+}
+
+/// The stream handler's work: hands the upgraded connection to whoever waits for stream `id`
+/// of `node`.
+///
+/// # Errors
+/// 400 without `Upgrade: virtplug-stream.v1`, 404 when no stream `id` is waiting for this node.
+pub fn accept_stream(tunnels: &Tunnels, parts: &mut Parts, node: &str, id: &str) -> Result<Response, ApiError> {
+    if !asks_upgrade(&parts.headers, STREAM_UPGRADE) {
         return Err(ApiError::bad_request(format!(
             "a node stream is an upgrade: send `Connection: Upgrade` and `Upgrade: {STREAM_UPGRADE}`"
         )));
     }
-    let (node, id) = (c.capture("node").to_owned(), c.capture("id").to_owned());
-    let upgrade = take_upgrade(&mut c.parts)?;
-    let Some(tx) = c.st.tunnels.claim(&node, &id) else {
+    let upgrade = take_upgrade(parts)?;
+    let Some(tx) = tunnels.claim(node, id) else {
         return Err(ApiError::not_found_message(format!(
             "no stream {id} is waiting for node {node} (it timed out, or was asked of another node)"
         )));

@@ -55,7 +55,8 @@ pub async fn create(mut c: Call<'_>, r: Resource) -> Answer {
     let body = c.body().await?;
     let obj = parse_body(&c, &body)?;
     if let Some(review) = r.def.review {
-        return answer_review(r.def, review, obj);
+        let cx = crate::kinds::review::Context { objects: &c.st.objects, token: c.st.token.as_deref() };
+        return answer_review(r.def, review, &cx, obj);
     }
     let write = write_options(&c, &r, "CreateOptions", false)?;
     let created = c.st.objects.create(r.def, r.ns.as_deref(), obj, write).await?;
@@ -63,12 +64,17 @@ pub async fn create(mut c: Call<'_>, r: Resource) -> Answer {
 }
 
 /// An access review: answered, not stored (201, as kube-apiserver).
-fn answer_review(def: &crate::registry::ResourceDef, review: &crate::kinds::review::Review, mut obj: Value) -> Answer {
+fn answer_review(
+    def: &crate::registry::ResourceDef,
+    review: &crate::kinds::review::Review,
+    cx: &crate::kinds::review::Context<'_>,
+    mut obj: Value,
+) -> Answer {
     crate::objects::check_type(def, &mut obj)?;
     if let Some(m) = obj.as_object_mut() {
         m.insert("metadata".into(), json!({"creationTimestamp": null}));
     }
-    let answered = (review.answer)(obj).map_err(|causes| ApiError::invalid(def.group, def.kind, "", &causes))?;
+    let answered = (review.answer)(cx, obj).map_err(|causes| ApiError::invalid(def.group, def.kind, "", &causes))?;
     Ok(json_response(StatusCode::CREATED, &answered))
 }
 

@@ -77,7 +77,31 @@ pub enum Retries {
 /// # Errors
 /// As [`connect_as`].
 pub async fn connect_with(path: Option<&Path>, user_agent: &str, retries: Retries) -> Result<kube::Client, ConnectError> {
+    build(config(path).await?, user_agent, retries)
+}
+
+/// [`connect_with`] with the kubeconfig's credentials, but to `server` (trusting the DER
+/// certificates `roots` instead of the kubeconfig's CA when given): the node agent's tunnel to
+/// `virtplug subresources-api` where kube-apiserver does not proxy it.
+///
+/// # Errors
+/// As [`connect_with`].
+pub async fn connect_to(
+    path: Option<&Path>,
+    user_agent: &str,
+    retries: Retries,
+    server: http::Uri,
+    roots: Option<Vec<Vec<u8>>>,
+) -> Result<kube::Client, ConnectError> {
     let mut config = config(path).await?;
+    config.cluster_url = server;
+    if roots.is_some() {
+        config.root_cert = roots;
+    }
+    build(config, user_agent, retries)
+}
+
+fn build(mut config: kube::Config, user_agent: &str, retries: Retries) -> Result<kube::Client, ConnectError> {
     config.default_retry = retries == Retries::Default;
     let value = http::HeaderValue::from_str(user_agent).map_err(|_| ConnectError::UserAgent(user_agent.to_owned()))?;
     config.headers.push((http::header::USER_AGENT, value));

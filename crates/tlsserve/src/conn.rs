@@ -145,6 +145,12 @@ impl fmt::Debug for Refusal {
     }
 }
 
+/// The client certificate chain of the connection a request came on (leaf first), verified
+/// against the client CA of [`crate::server_config_with_client_ca`]; absent when the client
+/// presented none.
+#[derive(Clone, Debug)]
+pub struct PeerCertificates(pub Arc<Vec<rustls::pki_types::CertificateDer<'static>>>);
+
 /// Serves `service` (an [`axum::Router`], or any tower service of the same shape) over TLS on
 /// `listener` until `shutdown` fires, within `limits`; connections over the cap get the default
 /// [`Refusal`]. See [`serve_with_refusal`].
@@ -247,14 +253,26 @@ async fn serve_one<S>(
     // Not TLS, a failed handshake, or too slow: nothing was served, nothing to report.
     let Ok(Ok(stream)) = tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(tcp)).await else { return };
     let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    // Only a configuration with a client verifier (`crate::server_config_with_client_ca`) lets
+    // a client present certificates; they were verified during the handshake.
+    let peer = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .filter(|c| !c.is_empty())
+        .map(|c| PeerCertificates(Arc::new(c.iter().map(|c| c.clone().into_owned()).collect())));
     let activity = Arc::new(Activity::default());
     let svc = {
         let activity = Arc::clone(&activity);
         hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             let guard = activity.begin();
             let service = service.clone();
+            let mut req = req.map(Body::new);
+            if let Some(p) = &peer {
+                req.extensions_mut().insert(p.clone());
+            }
             async move {
-                let resp = service.oneshot(req.map(Body::new)).await?;
+                let resp = service.oneshot(req).await?;
                 // The request counts as in flight until its response body is done (a watch).
                 Ok::<_, Infallible>(resp.map(|b| {
                     Body::new(b.map_frame(move |f| {

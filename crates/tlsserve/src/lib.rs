@@ -16,7 +16,7 @@ pub mod pki;
 
 use std::path::{Path, PathBuf};
 
-pub use conn::{serve, serve_with_refusal, Limits, Refusal};
+pub use conn::{serve, serve_with_refusal, Limits, PeerCertificates, Refusal};
 
 /// Errors building a TLS configuration.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +60,37 @@ pub fn load_server_config(cert_path: &Path, key_path: &Path) -> Result<rustls::S
     config_from(&cert_pem, &format!("{} (--tls-cert)", cert_path.display()), &key_pem, &format!("{} (--tls-key)", key_path.display()))
 }
 
-fn config_from(cert_pem: &str, cert_what: &str, key_pem: &str, key_what: &str) -> Result<rustls::ServerConfig, TlsError> {
+/// [`server_config`] that also asks clients for a certificate signed by `client_ca_pem` (a
+/// kube-aggregator's front-proxy CA): a client may present none, but one that presents another
+/// fails the handshake. The verified chain reaches each request as
+/// [`conn::PeerCertificates`].
+///
+/// # Errors
+/// As [`server_config`]; `NoCertificate` when `client_ca_pem` holds no usable CA certificate.
+pub fn server_config_with_client_ca(cert_pem: &str, key_pem: &str, client_ca_pem: &str) -> Result<rustls::ServerConfig, TlsError> {
+    let what = "the client CA".to_owned();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut client_ca_pem.as_bytes()) {
+        let cert = cert.map_err(|source| TlsError::Pem { what: what.clone(), source })?;
+        roots.add(cert).map_err(TlsError::Invalid)?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoCertificate { what });
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder(std::sync::Arc::new(roots))
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::Invalid(rustls::Error::General(e.to_string())))?;
+    let (certs, key) = pair(cert_pem, "the serving certificate", key_pem, "the serving key")?;
+    let mut cfg =
+        rustls::ServerConfig::builder().with_client_cert_verifier(verifier).with_single_cert(certs, key).map_err(TlsError::Invalid)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+type Pair = (Vec<rustls::pki_types::CertificateDer<'static>>, rustls::pki_types::PrivateKeyDer<'static>);
+
+fn pair(cert_pem: &str, cert_what: &str, key_pem: &str, key_what: &str) -> Result<Pair, TlsError> {
     let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| TlsError::Pem { what: cert_what.to_owned(), source })?;
@@ -70,6 +100,11 @@ fn config_from(cert_pem: &str, cert_what: &str, key_pem: &str, key_what: &str) -
     let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
         .map_err(|source| TlsError::Pem { what: key_what.to_owned(), source })?
         .ok_or_else(|| TlsError::NoKey { what: key_what.to_owned() })?;
+    Ok((certs, key))
+}
+
+fn config_from(cert_pem: &str, cert_what: &str, key_pem: &str, key_what: &str) -> Result<rustls::ServerConfig, TlsError> {
+    let (certs, key) = pair(cert_pem, cert_what, key_pem, key_what)?;
     let mut cfg = rustls::ServerConfig::builder().with_no_client_auth().with_single_cert(certs, key).map_err(TlsError::Invalid)?;
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(cfg)

@@ -14,6 +14,7 @@ mod mode_flags;
 mod qemu_flags;
 mod redfish_cmd;
 mod serve;
+mod subresources_api_cmd;
 
 use std::path::PathBuf;
 
@@ -45,6 +46,9 @@ enum Command {
     /// The process of a hot-plug attachment pod (`hp-volume-*`): creates an empty Filesystem
     /// claim's disk.img, listens on the hp.sock the node agent finds it by, sleeps until SIGTERM.
     AttachmentHolder(attachment_holder::HolderArgs),
+    /// Run KubeVirt's subresources API (console, VNC, start/stop, addvolume, pause, ...) as an
+    /// aggregated API server behind a cluster's kube-apiserver (KubeVirt's virt-api).
+    SubresourcesApi(subresources_api_cmd::SubresourcesApiArgs),
     /// Run the Redfish service (a BMC per VM) against an API server; manage its accounts.
     Redfish(redfish_cmd::RedfishArgs),
     /// Create, list, start, stop, restart, delete VMs; attach to a console.
@@ -136,6 +140,7 @@ fn main() -> std::process::ExitCode {
             Command::Controller(args) => serve::controller(args).await,
             Command::Node(args) => serve::node(args).await,
             Command::Redfish(args) => redfish_cmd::run(args).await,
+            Command::SubresourcesApi(args) => subresources_api_cmd::run(args).await,
             Command::Launcher(_) | Command::AttachmentHolder(_) => unreachable!("run before the runtime"),
             Command::Vm { cmd, common } => cli::vm(cmd, common).await,
             Command::Volume { cmd, common } => cli::volume(cmd, common).await,

@@ -151,7 +151,7 @@ async fn account(client: &kube::Client, cmd: AccountCmd) -> anyhow::Result<()> {
 }
 
 /// The names the generated certificate covers: loopback, the listen address, the host name.
-fn cert_names(listen: SocketAddr) -> Vec<String> {
+pub(crate) fn cert_names(listen: SocketAddr) -> Vec<String> {
     let mut names = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned(), crate::serve::host_name()];
     if !listen.ip().is_unspecified() && !names.contains(&listen.ip().to_string()) {
         names.push(listen.ip().to_string());

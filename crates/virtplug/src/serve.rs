@@ -224,6 +224,15 @@ pub struct NodeArgs {
     /// The kubelet's pods dir, where attachment pods' volumes are found (cluster mode).
     #[arg(long, default_value = "/var/lib/kubelet/pods")]
     kubelet_pods_dir: PathBuf,
+    /// Open the console tunnel to this `virtplug subresources-api` (https://HOST:PORT) with the
+    /// kubeconfig's credentials, instead of to the kubeconfig's server (which is right for
+    /// `virtplug apiserver`, or for a kube-apiserver with the subresources.virtplug.io
+    /// APIService).
+    #[arg(long)]
+    tunnel_server: Option<http::Uri>,
+    /// The CA (PEM) that signed --tunnel-server's certificate [default: the kubeconfig's].
+    #[arg(long, requires = "tunnel_server")]
+    tunnel_ca: Option<PathBuf>,
     /// Serve /healthz, /readyz and /metrics (plain HTTP) on this address.
     #[arg(long, default_value = "127.0.0.1:8186")]
     health_listen: SocketAddr,
@@ -280,7 +289,15 @@ pub fn host_name() -> String {
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     let client = crate::migrate::connect(args.kubeconfig.clone(), "node").await?;
-    let tunnel_client = crate::migrate::connect_with(args.kubeconfig, "node", client::Retries::None).await?;
+    let tunnel_client = match args.tunnel_server {
+        None => crate::migrate::connect_with(args.kubeconfig, "node", client::Retries::None).await?,
+        Some(server) => {
+            let roots = args.tunnel_ca.as_deref().map(read_ca).transpose()?;
+            client::connect_to(args.kubeconfig.as_deref(), &client::user_agent("node"), client::Retries::None, server.clone(), roots)
+                .await
+                .with_context(|| format!("--tunnel-server {server}"))?
+        }
+    };
     crate::kubevirt_guard::refuse_beside_kubevirt(&client, "node agent").await?;
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);
     let mut config = node::agent::Config::new(&args.node_name.unwrap_or_else(host_name), &data_dir);
@@ -317,6 +334,19 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     let _tunnel = AbortOnDrop(tokio::spawn(node::tunnel::run(tunnel)));
     health.spawn(NODE_AGENT, node::agent::run(client, config));
     until_death_or_signal(&health).await
+}
+
+/// The DER certificates of a PEM file.
+fn read_ca(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let certs = rustls_pemfile::certs(&mut text.as_slice())
+        .map(|c| c.map(|c| c.to_vec()))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{} is not PEM", path.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!("{} holds no PEM certificate", path.display());
+    }
+    Ok(certs)
 }
 
 /// The metrics of a controller or node process (its component's and its API client's).
@@ -608,7 +638,7 @@ fn print_banner(what: &str, url: &str, data_dir: &std::path::Path, kubeconfig: &
 }
 
 /// Waits for SIGINT or SIGTERM.
-async fn signals() -> anyhow::Result<()> {
+pub(crate) async fn signals() -> anyhow::Result<()> {
     let mut term =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
     tokio::select! {

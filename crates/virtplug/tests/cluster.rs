@@ -488,28 +488,8 @@ async fn launcher_pods_are_placed_by_the_scheduler_and_own_their_qemu() {
 /// `virtctl console` from anywhere) reaches the guest, which answers `VP-ECHO <line>` over it.
 /// The agent's tunnel may still be connecting: 503 is retried until the deadline.
 async fn console_echo(c: &Cluster, vm: &str, line: &str) {
-    use futures::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::Message;
     let streams = client::connect_with(Some(Path::new(&c.kubeconfig())), "test", client::Retries::None).await.unwrap();
-    let path = format!("/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{vm}/console");
-    let mut ws = common::wait_until(T, &format!("the console of {vm} through the node agent's tunnel"), || async {
-        client::upgrade::websocket(&streams, &path, api::tunnel::PLAIN_SUBPROTOCOL).await.ok()
-    })
-    .await;
-    ws.send(Message::binary(format!("{line}\n").into_bytes())).await.unwrap();
-    let want = format!("VP-ECHO {line}");
-    let mut got = String::new();
-    tokio::time::timeout(T, async {
-        while !got.contains(&want) {
-            match ws.next().await {
-                Some(Ok(Message::Binary(b))) => got.push_str(&String::from_utf8_lossy(&b)),
-                Some(Ok(_)) => {}
-                other => panic!("the console ended before {want:?}: {other:?}; got {got:?}"),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no {want:?} on the console within {T:?}; got {got:?}"));
+    common::guest::console_echo(&streams, vm, line, T).await;
 }
 
 /// QEMU's PID here, as the node agent finds it (a launcher pod's QEMU is in the pod's PID

@@ -9,11 +9,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::procs::{line_reader, wait_line, KillOnDrop};
 use common::up::{Up, SEE};
 use serde_json::{json, Value};
 
@@ -487,33 +487,6 @@ fn remote_cli(up: &Up, args: &[&str]) -> (Command, tempfile::TempDir) {
     (cmd, elsewhere)
 }
 
-/// Lines of a child's stdout, read on a thread, for waits with a deadline.
-fn line_reader(out: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                return;
-            }
-        }
-    });
-    rx
-}
-
-/// Waits up to `deadline` for a line matching `pred`; panics naming `what` and the lines seen.
-fn wait_line(rx: &std::sync::mpsc::Receiver<String>, deadline: Duration, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let end = std::time::Instant::now() + deadline;
-    let mut seen = Vec::new();
-    loop {
-        let left = end.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(l) if pred(l.trim_end_matches('\r')) => return l,
-            Ok(l) => seen.push(l),
-            Err(_) => panic!("no line with {what} within {deadline:?}; seen: {seen:?}"),
-        }
-    }
-}
-
 /// KubeVirt's `console` and `vnc` subresources through the API, from a process that has only
 /// the kubeconfig (as `virtctl console|vnc` from another machine): what the guest prints reaches
 /// it, a line typed into it reaches the guest (the test guest answers `VP-ECHO <line>`, also in
@@ -577,14 +550,4 @@ async fn console_and_vnc_through_the_api_from_a_process_with_only_the_kubeconfig
     up.kubectl(&["apply", "-f", vmi.to_str().unwrap()]);
     let e = refused("pending1");
     assert!(e.contains("VMI is not running (its phase is") && e.contains("(400)"), "{e}");
-}
-
-/// A child process killed (by its PID) and reaped when dropped, pass or fail.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -1,10 +1,15 @@
 //! The access reviews kubectl's `auth can-i` and `auth whoami` create: `authorization.k8s.io/v1`
 //! `SelfSubjectAccessReview` and `SelfSubjectRulesReview`, `authentication.k8s.io`
-//! `SelfSubjectReview`. They are answered, never stored.
+//! `SelfSubjectReview`; and the two an aggregated API server (`virtplug subresources-api`)
+//! delegates to the API server: `SubjectAccessReview` and `TokenReview`. They are answered,
+//! never stored.
 //!
 //! The server has one credential, the bearer token in the kubeconfig, and its holder is an
-//! administrator: every access review is allowed, the rules review lists `*` for everything,
-//! and the subject review names the kubeconfig's user ([`ADMIN_USER`]) in `system:masters`.
+//! administrator: every self access review is allowed, the rules review lists `*` for
+//! everything, and the subject review names the kubeconfig's user ([`ADMIN_USER`]) in
+//! `system:masters`. A `TokenReview` authenticates that token (as that user) and no other. A
+//! `SubjectAccessReview` is decided for the user and groups it names by the stored RBAC objects
+//! ([`super::rbac`]).
 //!
 //! # Guarantees
 //! A SelfSubjectAccessReview names exactly one of `resourceAttributes` and
@@ -14,19 +19,26 @@ use serde_json::{json, Value};
 
 use api::validation::{Cause, CauseType};
 
-use crate::protobuf::message::{f, Message, Ty, OBJECT_META};
+use crate::protobuf::message::{f, rep, Message, Ty, OBJECT_META};
 
 /// The user the kubeconfig names and the subject review reports.
 pub const ADMIN_USER: &str = "virtplug-admin";
 /// The groups of [`ADMIN_USER`].
 pub const ADMIN_GROUPS: [&str; 2] = ["system:masters", "system:authenticated"];
 
+/// What a review may consult.
+pub struct Context<'a> {
+    pub objects: &'a crate::objects::Objects,
+    /// The bearer token a `TokenReview` authenticates; `None`: none.
+    pub token: Option<&'a str>,
+}
+
 /// A review kind: its protobuf message and its answer.
 #[derive(Debug)]
 pub struct Review {
     pub protobuf: &'static Message,
     /// The review with its `status`, or what is wrong with the request.
-    pub answer: fn(Value) -> Result<Value, Vec<Cause>>,
+    pub answer: fn(&Context<'_>, Value) -> Result<Value, Vec<Cause>>,
 }
 
 static RESOURCE_ATTRIBUTES: Message = Message {
@@ -62,6 +74,27 @@ static RULES_PROTOBUF: Message = Message {
     fields: &[f(1, "metadata", Ty::Msg(&OBJECT_META)), f(2, "spec", Ty::Msg(&RULES_SPEC))],
     skip: &[3],
 };
+static SAR_SPEC: Message = Message {
+    name: "SubjectAccessReviewSpec",
+    fields: &[
+        f(1, "resourceAttributes", Ty::Msg(&RESOURCE_ATTRIBUTES)),
+        f(2, "nonResourceAttributes", Ty::Msg(&NON_RESOURCE_ATTRIBUTES)),
+        f(3, "user", Ty::Str),
+        rep(4, "groups", Ty::Str),
+        f(6, "uid", Ty::Str),
+    ],
+    // `extra` (5) plays no part in RBAC's decision.
+    skip: &[5],
+};
+static SAR_PROTOBUF: Message = Message {
+    name: "SubjectAccessReview",
+    fields: &[f(1, "metadata", Ty::Msg(&OBJECT_META)), f(2, "spec", Ty::Msg(&SAR_SPEC))],
+    skip: &[3],
+};
+static TOKEN_SPEC: Message =
+    Message { name: "TokenReviewSpec", fields: &[f(1, "token", Ty::Str), rep(2, "audiences", Ty::Str)], skip: &[] };
+static TOKEN_PROTOBUF: Message =
+    Message { name: "TokenReview", fields: &[f(1, "metadata", Ty::Msg(&OBJECT_META)), f(2, "spec", Ty::Msg(&TOKEN_SPEC))], skip: &[3] };
 static SUBJECT_PROTOBUF: Message = Message { name: "SelfSubjectReview", fields: &[f(1, "metadata", Ty::Msg(&OBJECT_META))], skip: &[2] };
 
 /// `SelfSubjectAccessReview`: allowed.
@@ -71,7 +104,12 @@ pub static RULES: Review = Review { protobuf: &RULES_PROTOBUF, answer: rules };
 /// `SelfSubjectReview`: the administrator.
 pub static SUBJECT: Review = Review { protobuf: &SUBJECT_PROTOBUF, answer: subject };
 
-fn access(mut review: Value) -> Result<Value, Vec<Cause>> {
+/// `SubjectAccessReview`: decided by RBAC.
+pub static SUBJECT_ACCESS: Review = Review { protobuf: &SAR_PROTOBUF, answer: subject_access };
+/// `TokenReview`: the kubeconfig's token is the administrator.
+pub static TOKEN: Review = Review { protobuf: &TOKEN_PROTOBUF, answer: token };
+
+fn one_of_attributes(review: &Value) -> Result<(), Vec<Cause>> {
     let has = |f: &str| review.pointer(&format!("/spec/{f}")).is_some_and(|v| !v.is_null());
     if has("resourceAttributes") == has("nonResourceAttributes") {
         return Err(vec![Cause::new(
@@ -80,11 +118,64 @@ fn access(mut review: Value) -> Result<Value, Vec<Cause>> {
             "exactly one of nonResourceAttributes or resourceAttributes must be specified",
         )]);
     }
+    Ok(())
+}
+
+fn subject_access(cx: &Context<'_>, mut review: Value) -> Result<Value, Vec<Cause>> {
+    use super::rbac::{authorize, Attributes, ResourceAttributes, Subject};
+    one_of_attributes(&review)?;
+    let s = |p: &str| review.pointer(p).and_then(Value::as_str).unwrap_or("");
+    let user = s("/spec/user");
+    let groups: Vec<String> = review
+        .pointer("/spec/groups")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    if user.is_empty() && groups.is_empty() {
+        return Err(vec![Cause::new(CauseType::Required, "spec.user", "at least one of user or group must be specified")]);
+    }
+    let resource = review.pointer("/spec/resourceAttributes").filter(|v| !v.is_null()).map(|_| ResourceAttributes {
+        namespace: s("/spec/resourceAttributes/namespace"),
+        group: s("/spec/resourceAttributes/group"),
+        resource: s("/spec/resourceAttributes/resource"),
+        subresource: s("/spec/resourceAttributes/subresource"),
+        name: s("/spec/resourceAttributes/name"),
+    });
+    let verb = if resource.is_some() { s("/spec/resourceAttributes/verb") } else { s("/spec/nonResourceAttributes/verb") };
+    let attrs = Attributes { verb, resource, path: s("/spec/nonResourceAttributes/path") };
+    let status = match authorize(cx.objects, &Subject { user, groups: &groups }, &attrs) {
+        Ok(reason) => json!({"allowed": true, "reason": reason}),
+        Err(reason) => json!({"allowed": false, "reason": reason}),
+    };
+    review["status"] = status;
+    Ok(review)
+}
+
+fn token(cx: &Context<'_>, mut review: Value) -> Result<Value, Vec<Cause>> {
+    let given = review.pointer("/spec/token").and_then(Value::as_str).unwrap_or("");
+    if given.is_empty() {
+        return Err(vec![Cause::new(CauseType::Required, "spec.token", "token must not be empty")]);
+    }
+    // Constant time for tokens of the right length, as the router's check.
+    let ok = cx.token.is_some_and(|t| bool::from(subtle::ConstantTimeEq::ct_eq(t.as_bytes(), given.as_bytes())));
+    review["status"] = if ok {
+        json!({"authenticated": true, "user": {"username": ADMIN_USER, "groups": ADMIN_GROUPS}})
+    } else {
+        json!({"authenticated": false, "error": "the token is not this API server's"})
+    };
+    Ok(review)
+}
+
+fn access(_: &Context<'_>, mut review: Value) -> Result<Value, Vec<Cause>> {
+    one_of_attributes(&review)?;
     review["status"] = json!({"allowed": true, "reason": "the bearer token's holder is an administrator of this virtplug API server"});
     Ok(review)
 }
 
-fn rules(mut review: Value) -> Result<Value, Vec<Cause>> {
+fn rules(_: &Context<'_>, mut review: Value) -> Result<Value, Vec<Cause>> {
     review["status"] = json!({
         "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],
         "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
@@ -93,7 +184,7 @@ fn rules(mut review: Value) -> Result<Value, Vec<Cause>> {
     Ok(review)
 }
 
-fn subject(mut review: Value) -> Result<Value, Vec<Cause>> {
+fn subject(_: &Context<'_>, mut review: Value) -> Result<Value, Vec<Cause>> {
     review["status"] = json!({"userInfo": {"username": ADMIN_USER, "groups": ADMIN_GROUPS}});
     Ok(review)
 }
@@ -102,13 +193,69 @@ fn subject(mut review: Value) -> Result<Value, Vec<Cause>> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_token_holder_may_do_anything_and_is_named() {
-        let r = access(json!({"spec": {"resourceAttributes": {"verb": "*", "resource": "*"}}})).unwrap();
+    async fn objects() -> (tempfile::TempDir, crate::objects::Objects) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::Store::open(&dir.path().join("store.db"), &crate::StoreConfig::default()).unwrap();
+        (dir, crate::objects::Objects { store, enforce_invariants: true })
+    }
+
+    #[tokio::test]
+    async fn the_token_holder_may_do_anything_and_is_named() {
+        let (_dir, objects) = objects().await;
+        let cx = Context { objects: &objects, token: Some("t0ken") };
+        let r = access(&cx, json!({"spec": {"resourceAttributes": {"verb": "*", "resource": "*"}}})).unwrap();
         assert_eq!(r.pointer("/status/allowed"), Some(&json!(true)));
-        assert!(access(json!({"spec": {}})).is_err());
-        assert!(access(json!({"spec": {"resourceAttributes": {}, "nonResourceAttributes": {}}})).is_err());
-        assert_eq!(subject(json!({})).unwrap().pointer("/status/userInfo/username"), Some(&json!(ADMIN_USER)));
-        assert_eq!(rules(json!({})).unwrap().pointer("/status/resourceRules/0/verbs"), Some(&json!(["*"])));
+        assert!(access(&cx, json!({"spec": {}})).is_err());
+        assert!(access(&cx, json!({"spec": {"resourceAttributes": {}, "nonResourceAttributes": {}}})).is_err());
+        assert_eq!(subject(&cx, json!({})).unwrap().pointer("/status/userInfo/username"), Some(&json!(ADMIN_USER)));
+        assert_eq!(rules(&cx, json!({})).unwrap().pointer("/status/resourceRules/0/verbs"), Some(&json!(["*"])));
+        let ok = token(&cx, json!({"spec": {"token": "t0ken"}})).unwrap();
+        assert_eq!(ok.pointer("/status/user/username"), Some(&json!(ADMIN_USER)));
+        let other = token(&cx, json!({"spec": {"token": "t0keN"}})).unwrap();
+        assert_eq!(other.pointer("/status/authenticated"), Some(&json!(false)));
+    }
+
+    /// A SubjectAccessReview is decided by the stored RBAC objects: a RoleBinding grants in its
+    /// namespace only, and a user nobody bound is denied.
+    #[tokio::test]
+    async fn a_subject_access_review_is_decided_by_the_stored_roles() {
+        let (_dir, objects) = objects().await;
+        let def = |p| crate::registry::find("rbac.authorization.k8s.io", "v1", p).unwrap();
+        objects
+            .create(
+                def("clusterroles"),
+                None,
+                json!({"metadata": {"name": "kubevirt.io:console"}, "rules": [
+                {"apiGroups": ["subresources.kubevirt.io"], "resources": ["virtualmachineinstances/console"], "verbs": ["get"]}]}),
+                false,
+            )
+            .await
+            .unwrap();
+        objects
+            .create(crate::registry::find("", "v1", "namespaces").unwrap(), None, json!({"metadata": {"name": "team"}}), false)
+            .await
+            .unwrap();
+        objects
+            .create(
+                def("rolebindings"),
+                Some("team"),
+                json!({"metadata": {"name": "alice-console"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kubevirt.io:console"},
+                "subjects": [{"kind": "User", "name": "alice", "apiGroup": "rbac.authorization.k8s.io"}]}),
+                false,
+            )
+            .await
+            .unwrap();
+        let cx = Context { objects: &objects, token: None };
+        let ask = |user: &str, ns: &str| {
+            json!({"spec": {"user": user, "groups": ["system:authenticated"], "resourceAttributes": {
+                "namespace": ns, "verb": "get", "group": "subresources.kubevirt.io", "resource": "virtualmachineinstances",
+                "subresource": "console", "name": "vm1"}}})
+        };
+        let allowed = |r: Value| r.pointer("/status/allowed") == Some(&json!(true));
+        assert!(allowed(subject_access(&cx, ask("alice", "team")).unwrap()));
+        assert!(!allowed(subject_access(&cx, ask("alice", "default")).unwrap()), "the binding is for namespace team");
+        assert!(!allowed(subject_access(&cx, ask("bob", "team")).unwrap()), "nothing binds bob");
+        assert!(subject_access(&cx, json!({"spec": {"resourceAttributes": {"verb": "get"}}})).is_err(), "no user, no group");
     }
 }

@@ -17,15 +17,17 @@
 //! - 503: its node's agent is not connected, refused (e.g. the socket is not there yet), or did
 //!   not answer within [`crate::tunnel::OPEN_TIMEOUT`].
 
+use axum::http::request::Parts;
 use axum::response::Response;
 use serde_json::Value;
 
 use api::tunnel::{StreamKind, PLAIN_SUBPROTOCOL};
 
+use super::access::ObjectAccess;
 use crate::call::Call;
 use crate::registry;
 use crate::status::ApiError;
-use crate::tunnel::OPEN_TIMEOUT;
+use crate::tunnel::{Tunnels, OPEN_TIMEOUT};
 use crate::websocket::{self, Handshake, PING_EVERY};
 
 /// The subresources this module serves, for discovery.
@@ -55,23 +57,40 @@ fn node_of(kind: StreamKind, vmi: &Value) -> Result<&str, ApiError> {
 /// # Errors
 /// See the module docs.
 pub async fn handle(mut c: Call<'_>) -> Result<Response, ApiError> {
-    let kind = match c.capture("sub") {
+    let (ns, name, sub) = (c.capture("namespace").to_owned(), c.capture("name").to_owned(), c.capture("sub").to_owned());
+    open(&c.st.objects, &c.st.tunnels, &mut c.parts, &ns, &name, &sub).await
+}
+
+/// The handler's work wherever the VMI is read from: checks the handshake in `parts`, reads the
+/// VMI `ns/name` from `objects`, asks its node's agent for the `sub` stream over `tunnels`, and
+/// answers 101, after which a task carries the bytes.
+///
+/// # Errors
+/// See the module docs.
+pub async fn open<O: ObjectAccess>(
+    objects: &O,
+    tunnels: &Tunnels,
+    parts: &mut Parts,
+    ns: &str,
+    name: &str,
+    sub: &str,
+) -> Result<Response, ApiError> {
+    let kind = match sub {
         "console" => StreamKind::Console,
         "vnc" => StreamKind::Vnc,
         _ => return Err(ApiError::no_resource()),
     };
-    let handshake = Handshake::check(&c.parts.headers, kind.as_str(), PLAIN_SUBPROTOCOL)?;
-    let (ns, name) = (c.capture("namespace").to_owned(), c.capture("name").to_owned());
+    let handshake = Handshake::check(&parts.headers, kind.as_str(), PLAIN_SUBPROTOCOL)?;
     let def = registry::find("kubevirt.io", "v1", "virtualmachineinstances").ok_or_else(ApiError::no_resource)?;
-    let vmi = c.st.objects.get(def, Some(&ns), &name)?.object.value();
+    let vmi = objects.get(def, Some(ns), name).await?;
     let node = node_of(kind, &vmi)?.to_owned();
     let uid = vmi.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_owned();
-    let upgrade = websocket::take_upgrade(&mut c.parts)?;
-    let agent =
-        c.st.tunnels
-            .open(&node, &ns, &name, &uid, kind, OPEN_TIMEOUT)
-            .await
-            .map_err(|e| ApiError::unavailable(format!("cannot reach the {} of VMI {ns}/{name}: {e}", kind.as_str())))?;
+    let upgrade = websocket::take_upgrade(parts)?;
+    let agent = tunnels
+        .open(&node, ns, name, &uid, kind, OPEN_TIMEOUT)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("cannot reach the {} of VMI {ns}/{name}: {e}", kind.as_str())))?;
+    let (ns, name) = (ns.to_owned(), name.to_owned());
     tokio::spawn(async move {
         match upgrade.await {
             Ok(up) => {

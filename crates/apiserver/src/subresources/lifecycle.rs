@@ -16,7 +16,9 @@ use api::kubevirt::VirtualMachineSpec;
 use api::lifecycle_requests::{decide, set_requests, set_strategy, Action, Change};
 use api::validation::{Cause, CauseType};
 
-use crate::objects::{Objects, Part};
+use super::access::ObjectAccess;
+use super::Put;
+use crate::objects::Part;
 use crate::registry;
 use crate::status::ApiError;
 
@@ -55,7 +57,8 @@ pub(super) fn parse_body(sub: &str, body: &[u8]) -> Result<(bool, Option<i64>), 
 /// # Errors
 /// 404 for a missing VM, 400 for a bad body, 409 when the action does not apply (see the module
 /// docs).
-pub async fn handle(objects: &Objects, ns: &str, name: &str, sub: &str, body: &[u8], query_dry_run: bool) -> Result<Response, ApiError> {
+pub async fn handle<O: ObjectAccess>(objects: &O, put: &Put<'_>) -> Result<Response, ApiError> {
+    let Put { ns, name, sub, body, query_dry_run, .. } = *put;
     let action = match sub {
         "start" => Action::Start,
         "stop" => Action::Stop,
@@ -66,12 +69,11 @@ pub async fn handle(objects: &Objects, ns: &str, name: &str, sub: &str, body: &[
     let dry = body_dry || query_dry_run;
     let vm_def = registry::find("kubevirt.io", "v1", "virtualmachines").ok_or_else(ApiError::no_resource)?;
     let vmi_def = registry::find("kubevirt.io", "v1", "virtualmachineinstances").ok_or_else(ApiError::no_resource)?;
-    let vm = objects.get(vm_def, Some(ns), name)?.object.value();
-    let vm: &Value = &vm;
+    let vm = objects.get(vm_def, Some(ns), name).await?;
     let spec: VirtualMachineSpec = serde_json::from_value(vm.get("spec").cloned().unwrap_or(Value::Null))
         .map_err(|e| ApiError::internal(format!("VM {ns}/{name} has a spec that cannot be read: {e}")))?;
-    let vmi = match objects.get(vmi_def, Some(ns), name) {
-        Ok(s) => Some(s.object.value()),
+    let vmi = match objects.get(vmi_def, Some(ns), name).await {
+        Ok(s) => Some(s),
         Err(e) if e.code == 404 => None,
         Err(e) => return Err(e),
     };

@@ -15,7 +15,9 @@ use axum::response::Response;
 
 use api::vmi_requests::{decide, VmiAction};
 
-use crate::objects::{Objects, Part};
+use super::access::ObjectAccess;
+use super::Put;
+use crate::objects::Part;
 use crate::registry;
 use crate::status::ApiError;
 
@@ -26,7 +28,8 @@ pub const SUBRESOURCES: [&str; 3] = ["pause", "unpause", "softreboot"];
 ///
 /// # Errors
 /// 404 for a missing VMI, 400 for a bad body, 409 when the action does not apply.
-pub async fn handle(objects: &Objects, ns: &str, name: &str, sub: &str, body: &[u8], query_dry_run: bool) -> Result<Response, ApiError> {
+pub async fn handle<O: ObjectAccess>(objects: &O, put: &Put<'_>) -> Result<Response, ApiError> {
+    let Put { ns, name, sub, body, query_dry_run, .. } = *put;
     let action = VmiAction::parse(sub).ok_or_else(ApiError::no_resource)?;
     // The options bodies carry only `dryRun` (a soft reboot's has nothing else either).
     let (body_dry, _) = super::lifecycle::parse_body(sub, body)?;

@@ -18,7 +18,8 @@ use api::kubevirt::{AddVolumeOptions, Disk, HotplugVolumeSource, VirtualMachineI
 use api::phases::VmiPhase;
 use api::validation::{Cause, CauseType};
 
-use crate::objects::Objects;
+use super::access::ObjectAccess;
+use super::Put;
 use crate::registry;
 use crate::status::ApiError;
 
@@ -115,15 +116,8 @@ fn owned_by_vm(vmi: &api::VirtualMachineInstance) -> bool {
 /// # Errors
 /// 400 for bad bodies (with field causes) and VM-owned VMIs, 404, 409 as KubeVirt, 422 when
 /// the resulting spec is invalid.
-pub async fn handle(
-    objects: &Objects,
-    plural: &str,
-    ns: &str,
-    name: &str,
-    sub: &str,
-    body: &[u8],
-    query_dry_run: bool,
-) -> Result<Response, ApiError> {
+pub async fn handle<O: ObjectAccess>(objects: &O, put: &Put<'_>) -> Result<Response, ApiError> {
+    let Put { plural, ns, name, sub, body, query_dry_run } = *put;
     let def = registry::find("kubevirt.io", "v1", plural).ok_or_else(ApiError::no_resource)?;
     if body.is_empty() {
         return Err(ApiError::bad_request(format!(
@@ -148,7 +142,7 @@ pub async fn handle(
     };
     let is_vm = plural == "virtualmachines";
     if !is_vm {
-        let vmi: api::VirtualMachineInstance = serde_json::from_slice(objects.get(def, Some(ns), name)?.object.bytes())
+        let vmi: api::VirtualMachineInstance = serde_json::from_value(objects.get(def, Some(ns), name).await?)
             .map_err(|e| ApiError::internal(format!("VMI {ns}/{name} cannot be read: {e}")))?;
         if owned_by_vm(&vmi) {
             return Err(ApiError::bad_request(format!(

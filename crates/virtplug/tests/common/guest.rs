@@ -98,3 +98,30 @@ pub fn kill_qemus_under(vmis: &Path) {
         }
     }
 }
+
+/// Opens VMI `vm`'s console (namespace `default`) through `client` (retrying until `deadline`
+/// while the node agent's tunnel connects), types `line`, and waits until the test guest's
+/// answer `VP-ECHO <line>` comes back over the websocket.
+pub async fn console_echo(client: &kube::Client, vm: &str, line: &str, deadline: std::time::Duration) {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let path = format!("/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{vm}/console");
+    let mut ws = super::wait_until(deadline, &format!("the console of {vm} through the node agent's tunnel"), || async {
+        client::upgrade::websocket(client, &path, api::tunnel::PLAIN_SUBPROTOCOL).await.ok()
+    })
+    .await;
+    ws.send(Message::binary(format!("{line}\n").into_bytes())).await.unwrap();
+    let want = format!("VP-ECHO {line}");
+    let mut got = String::new();
+    tokio::time::timeout(deadline, async {
+        while !got.contains(&want) {
+            match ws.next().await {
+                Some(Ok(Message::Binary(b))) => got.push_str(&String::from_utf8_lossy(&b)),
+                Some(Ok(_)) => {}
+                other => panic!("the console ended before {want:?}: {other:?}; got {got:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {want:?} on the console within {deadline:?}; got {got:?}"));
+}

@@ -105,6 +105,7 @@ pub mod fakenode;
 pub mod forks;
 pub mod guest;
 pub mod kubectl;
+pub mod procs;
 pub mod up;
 pub mod vmops;
 
