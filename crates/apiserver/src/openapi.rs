@@ -106,6 +106,47 @@ fn crd_name(r: &ResourceDef) -> String {
     format!("{}.{}.{}", group.join("."), r.version, r.kind)
 }
 
+const API_VERSION_DOC: &str = "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources";
+const KIND_DOC: &str = "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds";
+
+/// What kube-apiserver adds to a CRD's schema when it publishes it: `apiVersion` and `kind`,
+/// and `metadata` as a reference to apimachinery's `ObjectMeta` (or `ListMeta` for a list),
+/// whatever the CRD itself says of them. Without them a client validating against the
+/// document (kubectl on a `List` file) finds `apiVersion`, `kind` and `metadata` unknown.
+fn with_object_envelope(s: &mut Value, what: &str) {
+    let Some(m) = s.as_object_mut() else { return };
+    let meta = if what == "list" { "ListMeta" } else { "ObjectMeta" };
+    let doc = if what == "list" {
+        "Standard list metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"
+    } else {
+        "Standard object's metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"
+    };
+    let props = m.entry("properties").or_insert_with(|| json!({}));
+    if let Some(p) = props.as_object_mut() {
+        p.insert("apiVersion".into(), json!({"type": "string", "description": API_VERSION_DOC}));
+        p.insert("kind".into(), json!({"type": "string", "description": KIND_DOC}));
+        p.insert(
+            "metadata".into(),
+            json!({"$ref": format!("#/definitions/io.k8s.apimachinery.pkg.apis.meta.v1.{meta}"), "description": doc}),
+        );
+    }
+    m.entry("type").or_insert_with(|| json!("object"));
+}
+
+/// `KindList`'s definition, as kube-apiserver publishes it beside a CRD's kind.
+fn list_definition(r: &ResourceDef, item: &str) -> Value {
+    let mut s = json!({
+        "type": "object",
+        "description": format!("{}List is a list of {}", r.kind, r.kind),
+        "required": ["items"],
+        "properties": {"items": {"type": "array", "description": format!("List of {}. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md", r.plural),
+                                 "items": {"$ref": format!("#/definitions/{item}")}}},
+    });
+    with_object_envelope(&mut s, "list");
+    s["x-kubernetes-group-version-kind"] = json!([{"group": r.group, "version": r.version, "kind": format!("{}List", r.kind)}]);
+    s
+}
+
 fn preserve_unknown(v: &mut Value) {
     if let Value::Object(m) = v {
         if m.get("type") == Some(&json!("object")) || m.contains_key("properties") {
@@ -147,6 +188,11 @@ pub fn catalog() -> Catalog {
     let core = core_schemas();
     let resources = registry::all();
     let mut cat = Catalog { definitions: core.definitions.clone(), resources: resources.clone(), roots: Vec::new() };
+    cat.definitions.entry("io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta").or_insert_with(|| {
+        json!({"type": "object", "description": "ListMeta describes metadata that synthetic resources must have, including lists and various status objects.",
+               "properties": {"continue": {"type": "string"}, "remainingItemCount": {"type": "integer", "format": "int64"},
+                              "resourceVersion": {"type": "string"}, "selfLink": {"type": "string"}}})
+    });
     for r in resources {
         if let Some(name) = core.root(r.group, r.version, r.kind).filter(|_| !r.custom) {
             cat.roots.push(name.to_owned());
@@ -155,8 +201,10 @@ pub fn catalog() -> Catalog {
         // A CRD's schema is served as the CRD gives it: it is also what prunes.
         if let Some(crd) = r.crd {
             let mut s = crd.schema.clone();
+            with_object_envelope(&mut s, "object");
             s["x-kubernetes-group-version-kind"] = json!([{"group": r.group, "version": r.version, "kind": r.kind}]);
             let name = crd_name(r);
+            cat.definitions.insert(format!("{name}List"), list_definition(r, &name));
             cat.definitions.insert(name.clone(), s);
             cat.roots.push(name);
             continue;
@@ -218,7 +266,10 @@ pub fn v2(cat: &Catalog) -> Value {
             paths.insert(p.path.clone(), paths::v2_path_item(r, root, &p));
         }
     }
-    let definitions: Map<String, Value> = cat.definitions.iter().map(|(n, d)| (n.clone(), schema::to_v2(d))).collect();
+    let crds: std::collections::HashSet<&String> =
+        cat.resources.iter().zip(&cat.roots).filter(|(r, _)| r.crd.is_some()).map(|(_, n)| n).collect();
+    let definitions: Map<String, Value> =
+        cat.definitions.iter().map(|(n, d)| (n.clone(), if crds.contains(n) { schema::crd_to_v2(d) } else { schema::to_v2(d) })).collect();
     json!({
         "swagger": "2.0",
         "info": {"title": "virtplug", "version": env!("CARGO_PKG_VERSION")},

@@ -62,6 +62,12 @@ async fn every_kubectl_explains_from_v3_and_from_v2() {
                 // The default (v3 where kubectl finds it, v2 otherwise) and v2 explicitly, which
                 // kubectl 1.27 and later render with `--output=plaintext-openapiv2`.
                 for extra in [None, Some("--output=plaintext-openapiv2")] {
+                    // In v2 a node that keeps unknown fields is published without its
+                    // properties, as kube-apiserver publishes it (kubectl's v2 validation
+                    // would refuse every field they do not list): the VM's spec is one.
+                    if extra.is_some() && kind == &"VirtualMachine" {
+                        continue;
+                    }
                     let mut args = vec!["explain", *path];
                     args.extend(extra);
                     let out = ok(&bin, &kc, &args);
@@ -101,6 +107,46 @@ async fn every_kubectl_applies_a_full_kubevirt_manifest_under_strict_validation(
             let out = kubectl(&bin, &kc, &["apply", "--validate=strict", "-f", "-"], Some(&cm.replace("a: b", "a: c")));
             assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stderr));
             assert_eq!(ok(&bin, &kc, &["get", "ns", &format!("ns-{v}"), "-o", "jsonpath={.metadata.labels.a}"]), "c", "{v}");
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// `kubectl get -o yaml` of several objects writes a `List`; feeding it back is how users copy
+/// or restore VMs. kubectl validates a List's items against the OpenAPI v2 document, so a CRD's
+/// definition must carry `apiVersion`, `kind` and `metadata` as kube-apiserver publishes them.
+#[tokio::test]
+async fn every_kubectl_creates_vms_from_a_list_it_printed() {
+    let s = TestServer::start().await;
+    let manifest = std::fs::read_to_string(common::fixture("testvm.yaml")).expect("fixture");
+    let kc = s.kubeconfig.clone();
+    tokio::task::spawn_blocking(move || {
+        for bin in kubectls() {
+            let v = bin.file_name().unwrap().to_string_lossy().replace('.', "-");
+            let ns = format!("list-{v}");
+            ok(&bin, &kc, &["create", "namespace", &ns]);
+            for i in 0..2 {
+                let doc = manifest.replace("name: testvm\n", &format!("name: vm-{i}\n  namespace: {ns}\n"));
+                let out = kubectl(&bin, &kc, &["create", "-f", "-"], Some(&doc));
+                assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            let printed = ok(&bin, &kc, &["get", "vm", "-n", &ns, "-o", "yaml"]);
+            assert!(printed.contains("kind: List"), "{v}: {printed}");
+            // What a user strips before creating again (kube-apiserver refuses a create that
+            // carries a resourceVersion).
+            let list: String = printed
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("resourceVersion:") && !l.trim_start().starts_with("uid:"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            ok(&bin, &kc, &["delete", "vm", "--all", "-n", &ns]);
+            for validate in ["--validate=strict", "--validate=true"] {
+                let out = kubectl(&bin, &kc, &["create", validate, "-f", "-"], Some(&list));
+                let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+                assert!(out.status.success() && stdout.matches(" created").count() == 2, "{v} {validate}: {stdout}{stderr}");
+                ok(&bin, &kc, &["delete", "vm", "--all", "-n", &ns]);
+            }
         }
     })
     .await

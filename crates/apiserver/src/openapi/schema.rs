@@ -12,7 +12,9 @@
 //!   every `explain`, `apply` and `--validate`) accepts: one `type` (a `null` alternative is
 //!   dropped, several types are dropped), `items` a single schema, a `$ref` with no `type` or
 //!   `properties` beside it. `anyOf`, `oneOf`, `not` and `nullable` have no v2 form and are
-//!   dropped, as kube-apiserver drops them when it publishes a CRD in v2.
+//!   dropped, as kube-apiserver drops them when it publishes a CRD in v2; a node with
+//!   `x-kubernetes-preserve-unknown-fields` loses its `properties` and `items`, as there
+//!   (kubectl's v2 validation would refuse the fields they do not list).
 
 use serde_json::{Map, Value};
 
@@ -120,6 +122,33 @@ pub fn to_v2(s: &Value) -> Value {
     Value::Object(out)
 }
 
+/// The Swagger 2.0 rendering of a CRD's schema as kube-apiserver publishes it: [`to_v2`] after
+/// every node that keeps unknown fields has lost its `properties` and `items` (and an array
+/// left without items, its type). kubectl's v2 validation (which it still runs on a `List`
+/// file) refuses any field a node's `properties` do not list, so they would make it refuse
+/// what the server accepts.
+#[must_use]
+pub fn crd_to_v2(s: &Value) -> Value {
+    fn open(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                if m.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) {
+                    m.shift_remove("properties");
+                    if m.shift_remove("items").is_some() || m.get("type").and_then(Value::as_str) == Some("array") {
+                        m.shift_remove("type");
+                    }
+                }
+                m.values_mut().for_each(open);
+            }
+            Value::Array(a) => a.iter_mut().for_each(open),
+            _ => {}
+        }
+    }
+    let mut s = s.clone();
+    open(&mut s);
+    to_v2(&s)
+}
+
 /// `r` (`#/definitions/NAME` or `#/components/schemas/NAME`) pointing into `prefix`.
 fn rebase(r: &str, prefix: &str) -> String {
     let name = r.strip_prefix(DEFINITIONS).or_else(|| r.strip_prefix(COMPONENTS)).unwrap_or(r);
@@ -204,6 +233,23 @@ mod tests {
                 "c": {"type": "array", "items": {"type": "string"}},
                 "d": {"type": "integer", "enum": [{"anyOf": 1}]},
                 "e": {},
+            }})
+        );
+    }
+
+    #[test]
+    fn a_crd_in_v2_drops_the_properties_of_a_node_that_keeps_unknown_fields() {
+        let s = json!({"type": "object", "properties": {
+            "open": {"type": "object", "x-kubernetes-preserve-unknown-fields": true, "properties": {"a": {"type": "string"}}},
+            "list": {"type": "array", "x-kubernetes-preserve-unknown-fields": true, "items": {"type": "object"}},
+            "closed": {"type": "object", "properties": {"a": {"type": "string"}}},
+        }});
+        assert_eq!(
+            crd_to_v2(&s),
+            json!({"type": "object", "properties": {
+                "open": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                "list": {"x-kubernetes-preserve-unknown-fields": true},
+                "closed": {"type": "object", "properties": {"a": {"type": "string"}}},
             }})
         );
     }
