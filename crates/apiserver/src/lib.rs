@@ -32,6 +32,7 @@ pub mod discovery;
 pub mod fuzzing;
 pub mod gc;
 pub mod health;
+pub mod heap;
 pub mod kinds;
 pub mod labels;
 pub mod limits;
@@ -226,6 +227,7 @@ impl Server {
                 Ok::<(), std::convert::Infallible>(())
             });
         }
+        tokio::spawn(heap::run(objects.store.clone()));
         let gc_objects = objects.clone();
         let event_ttl = config.event_ttl;
         health.spawn(GARBAGE_COLLECTOR, async move {

@@ -1,0 +1,61 @@
+//! Gives freed heap back to the system after bursts of writes.
+//!
+//! glibc's allocator keeps what a thread frees in that thread's arena; after a burst of writes
+//! (each request parses, validates and encodes its object on some worker thread) the freed
+//! pages stay resident although the store now holds only the objects' bytes. Measured with the
+//! `scale` bench at 10,000 VMs: the server's resident memory after the creates varied between
+//! 2.1 and 4.3 KiB per KiB of stored JSON from run to run, depending on how the work fell on
+//! the threads. `malloc_trim(0)` returns every arena's free pages. It runs off the async workers,
+//! once a burst of writes has ended (a [`TICK`] without writes after some), and during a
+//! continuous stream of writes at most every [`BUSY_EVERY`].
+
+use std::time::{Duration, Instant};
+
+use crate::store::Store;
+
+/// How often the store's revision is looked at.
+pub const TICK: Duration = Duration::from_secs(1);
+/// The longest the heap goes untrimmed while writes never pause.
+pub const BUSY_EVERY: Duration = Duration::from_secs(30);
+
+/// Trims while the runtime runs.
+pub async fn run(store: Store) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut seen, mut trimmed) = (store.revision(), store.revision());
+    let mut last_trim = Instant::now();
+    loop {
+        tick.tick().await;
+        let now = store.revision();
+        let writing = now != seen;
+        seen = now;
+        if now == trimmed || (writing && last_trim.elapsed() < BUSY_EVERY) {
+            continue;
+        }
+        trimmed = now;
+        last_trim = Instant::now();
+        let took = tokio::task::spawn_blocking(|| {
+            let start = Instant::now();
+            trim();
+            start.elapsed()
+        })
+        .await;
+        if let Ok(took) = took {
+            tracing::debug!("returned freed heap to the system in {took:?}");
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn trim() {
+    // SAFETY: `malloc_trim` takes a plain integer, reads and writes only the allocator's own
+    // state under the allocator's locks (callable from any thread at any time, as malloc is),
+    // and leaves every live allocation where it is: it only releases pages of free chunks.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim() {}
