@@ -25,7 +25,6 @@ use crate::limits::FRESHNESS_WAIT;
 use crate::objects::Objects;
 use crate::query::{ListOptions, RvMatch};
 use crate::registry::ResourceDef;
-use crate::reply::json_response;
 use crate::selectors::Selector;
 use crate::status::ApiError;
 use crate::store::Doc;
@@ -140,9 +139,8 @@ pub async fn serve(objects: &Objects, def: &ResourceDef, ns: Option<&str>, opts:
         meta["continue"] = json!(encode(&prefix, list_rv, &last));
     }
     if table::wants_table(accept) {
-        let objs: Vec<Value> = selected.iter().map(|(_, o)| o.value()).collect();
-        let objs: Vec<&Value> = objs.iter().collect();
-        return Ok(json_response(StatusCode::OK, &table::table(def, &objs, &meta, &opts.include_object)));
+        let body = table::table_bytes(def, selected.iter().map(|(_, o)| *o), &meta, &opts.include_object);
+        return Ok((StatusCode::OK, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response());
     }
     let head = json!({"kind": format!("{}List", def.kind), "apiVersion": def.api_version(), "metadata": meta});
     Ok(splice_response(&head, selected.iter().map(|(_, o)| *o)))

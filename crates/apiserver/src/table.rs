@@ -251,55 +251,105 @@ fn access_modes(v: &Value, ptr: &str) -> Value {
     json!(modes.join(","))
 }
 
+/// The columns of a Table of `def` and how a row's cells are made.
+struct Layout<'a> {
+    defs: Vec<Value>,
+    cells: Box<dyn Fn(&Value, i64) -> Vec<Value> + 'a>,
+}
+
+impl<'a> Layout<'a> {
+    fn of(def: &'a ResourceDef) -> Layout<'a> {
+        if let Some(crd) = def.crd {
+            return Layout::of_crd(&crd.columns);
+        }
+        let cols = columns(def.kind);
+        let defs = cols
+            .iter()
+            .map(|c| {
+                let mut d = json!({"name": c.name, "type": c.ty, "format": "", "description": c.name, "priority": 0});
+                if c.name == "Name" {
+                    d["format"] = json!("name");
+                }
+                d
+            })
+            .collect();
+        Layout { defs, cells: Box::new(move |obj, now| cols.iter().map(|c| (c.cell)(obj, now)).collect()) }
+    }
+
+    /// A custom resource's Table: `Name`, then its printer columns (`Age` when it has none), as
+    /// kube-apiserver builds it from `additionalPrinterColumns`.
+    fn of_crd(cols: &'a [crate::crd::columns::Column]) -> Layout<'a> {
+        let cols: Vec<crate::crd::columns::Column> = if cols.is_empty() {
+            crate::crd::columns::from_crd(Some(&json!([{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}])))
+        } else {
+            cols.to_vec()
+        };
+        let mut defs = vec![
+            json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
+        ];
+        defs.extend(
+            cols.iter()
+                .map(|c| json!({"name": c.name, "type": c.ty, "format": c.format, "description": c.description, "priority": c.priority})),
+        );
+        Layout {
+            defs,
+            cells: Box::new(move |obj, now| {
+                let mut cells = vec![s(obj, "/metadata/name")];
+                cells.extend(cols.iter().map(|c| c.cell(obj, now)));
+                cells
+            }),
+        }
+    }
+}
+
 /// A Table of `items` (each a whole object).
 #[must_use]
 pub fn table(def: &ResourceDef, items: &[&Value], list_meta: &Value, include_object: &str) -> Value {
     let now = jiff::Timestamp::now().as_second();
-    if let Some(crd) = def.crd {
-        return crd_table(&crd.columns, items, list_meta, include_object, now);
-    }
-    let cols = columns(def.kind);
-    let defs: Vec<Value> = cols
-        .iter()
-        .map(|c| {
-            let mut d = json!({"name": c.name, "type": c.ty, "format": "", "description": c.name, "priority": 0});
-            if c.name == "Name" {
-                d["format"] = json!("name");
-            }
-            d
-        })
-        .collect();
-    let rows: Vec<Value> = items
-        .iter()
-        .map(|obj| {
-            let cells: Vec<Value> = cols.iter().map(|c| (c.cell)(obj, now)).collect();
-            json!({"cells": cells, "object": row_object(obj, include_object)})
-        })
-        .collect();
-    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta, "columnDefinitions": defs, "rows": rows})
+    let layout = Layout::of(def);
+    let rows: Vec<Value> =
+        items.iter().map(|obj| json!({"cells": (layout.cells)(obj, now), "object": row_object(obj, include_object)})).collect();
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta, "columnDefinitions": layout.defs, "rows": rows})
 }
 
-/// A custom resource's Table: `Name`, then its printer columns (`Age` when it has none), as
-/// kube-apiserver builds it from `additionalPrinterColumns`.
-fn crd_table(cols: &[crate::crd::columns::Column], items: &[&Value], list_meta: &Value, include_object: &str, now: i64) -> Value {
-    let age = crate::crd::columns::from_crd(Some(&json!([{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}])));
-    let cols = if cols.is_empty() { age.as_slice() } else { cols };
-    let mut defs = vec![
-        json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
-    ];
-    defs.extend(
-        cols.iter()
-            .map(|c| json!({"name": c.name, "type": c.ty, "format": c.format, "description": c.description, "priority": c.priority})),
-    );
-    let rows: Vec<Value> = items
-        .iter()
-        .map(|obj| {
-            let mut cells = vec![s(obj, "/metadata/name")];
-            cells.extend(cols.iter().map(|c| c.cell(obj, now)));
-            json!({"cells": cells, "object": row_object(obj, include_object)})
-        })
-        .collect();
-    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta, "columnDefinitions": defs, "rows": rows})
+/// The same Table as [`table`], of stored objects, encoded as it is built: one object is parsed
+/// at a time and its row written out, so a Table of many objects never holds them all parsed
+/// (and builds no tree of rows to encode and free afterwards).
+#[must_use]
+pub fn table_bytes<'d>(
+    def: &ResourceDef,
+    items: impl Iterator<Item = &'d crate::store::Doc>,
+    list_meta: &Value,
+    include_object: &str,
+) -> Vec<u8> {
+    let now = jiff::Timestamp::now().as_second();
+    let layout = Layout::of(def);
+    let head = json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta, "columnDefinitions": layout.defs});
+    let mut out = head.to_string().into_bytes();
+    out.pop(); // reopen the object: `}`
+    out.extend_from_slice(b",\"rows\":[");
+    for (i, doc) in items.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let obj = doc.value();
+        out.extend_from_slice(b"{\"cells\":");
+        // Writing a `Value` into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &(layout.cells)(&obj, now));
+        out.extend_from_slice(b",\"object\":");
+        match include_object {
+            "None" => out.extend_from_slice(b"null"),
+            "Object" => out.extend_from_slice(doc.bytes()),
+            _ => {
+                out.extend_from_slice(b"{\"kind\":\"PartialObjectMetadata\",\"apiVersion\":\"meta.k8s.io/v1\",\"metadata\":");
+                let _ = serde_json::to_writer(&mut out, &obj["metadata"]);
+                out.push(b'}');
+            }
+        }
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    out
 }
 
 fn row_object(obj: &Value, include_object: &str) -> Value {
@@ -312,7 +362,27 @@ fn row_object(obj: &Value, include_object: &str) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::human_duration;
+    use super::*;
+    use crate::store::Doc;
+
+    #[test]
+    fn a_streamed_table_is_the_table() {
+        let def = crate::registry::find("kubevirt.io", "v1", "virtualmachines").unwrap_or_else(|| panic!("VMs are served"));
+        let objs = [
+            json!({"metadata": {"name": "a", "creationTimestamp": "2026-01-01T00:00:00Z", "managedFields": [{"manager": "m"}]},
+                   "status": {"printableStatus": "Running", "ready": true}}),
+            json!({"metadata": {"name": "b"}, "spec": {"x": 1}}),
+        ];
+        let docs: Vec<Doc> = objs.iter().map(Doc::new).collect();
+        let meta = json!({"resourceVersion": "9"});
+        for include in ["Metadata", "None", "Object"] {
+            let streamed: Value = serde_json::from_slice(&table_bytes(def, docs.iter(), &meta, include)).unwrap();
+            let built = table(def, &objs.iter().collect::<Vec<_>>(), &meta, include);
+            assert_eq!(streamed, built, "{include}");
+        }
+        let empty: Value = serde_json::from_slice(&table_bytes(def, [].iter(), &meta, "Metadata")).unwrap();
+        assert_eq!(empty["rows"], json!([]));
+    }
 
     #[test]
     fn durations_read_like_kubectl() {
