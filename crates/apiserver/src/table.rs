@@ -251,10 +251,13 @@ fn access_modes(v: &Value, ptr: &str) -> Value {
     json!(modes.join(","))
 }
 
+/// A row's cells from its object and the time now (seconds).
+type Cells<'a> = Box<dyn Fn(&Value, i64) -> Vec<Value> + 'a>;
+
 /// The columns of a Table of `def` and how a row's cells are made.
 struct Layout<'a> {
     defs: Vec<Value>,
-    cells: Box<dyn Fn(&Value, i64) -> Vec<Value> + 'a>,
+    cells: Cells<'a>,
 }
 
 impl<'a> Layout<'a> {
