@@ -227,7 +227,7 @@ impl Store {
             let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, Vec<u8>>(2)?))).map_err(sql)?;
             for row in rows {
                 let (key, rv, value) = row.map_err(sql)?;
-                objects.insert(key, Stored { rv: u64::try_from(rv).unwrap_or(0), object: Doc::from_stored(value) });
+                objects.insert(key, Stored { rv: u64::try_from(rv).unwrap_or(0), object: Doc::from_stored(&value) });
             }
         }
         let mut log = VecDeque::new();
@@ -244,7 +244,7 @@ impl Store {
                     rv: u64::try_from(rv).unwrap_or(0),
                     key,
                     kind: EventType::from_code(kind),
-                    object: Doc::from_stored(value),
+                    object: Doc::from_stored(&value),
                 });
             }
         }
