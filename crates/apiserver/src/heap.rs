@@ -6,8 +6,10 @@
 //! `scale` bench at 10,000 VMs: the server's resident memory after the creates varied between
 //! 2.1 and 4.3 KiB per KiB of stored JSON from run to run, depending on how the work fell on
 //! the threads. `malloc_trim(0)` returns every arena's free pages. It runs off the async workers,
-//! once a burst of writes has ended (a [`TICK`] without writes after some), and during a
-//! continuous stream of writes at most every [`BUSY_EVERY`].
+//! once a burst of at least [`BURST`] writes has ended (a [`TICK`] without writes after them),
+//! and otherwise, while anything at all was written, at most every [`BUSY_EVERY`]: a trickle of
+//! writes (a controller renewing its Lease every 2 s) does not trim every other second (trimming
+//! locks each arena in turn and walks its free chunks).
 
 use std::time::{Duration, Instant};
 
@@ -15,8 +17,16 @@ use crate::store::Store;
 
 /// How often the store's revision is looked at.
 pub const TICK: Duration = Duration::from_secs(1);
-/// The longest the heap goes untrimmed while writes never pause.
+/// The longest the heap goes untrimmed while anything is written.
 pub const BUSY_EVERY: Duration = Duration::from_secs(30);
+/// Writes that make a burst, trimmed after as soon as it ends.
+pub const BURST: u64 = 64;
+
+/// Whether to trim now: `written` revisions since the last trim `since` ago, `writing` when the
+/// last tick saw writes.
+fn due(written: u64, writing: bool, since: Duration) -> bool {
+    written > 0 && (since >= BUSY_EVERY || (!writing && written >= BURST))
+}
 
 /// Trims while the runtime runs.
 pub async fn run(store: Store) {
@@ -29,7 +39,7 @@ pub async fn run(store: Store) {
         let now = store.revision();
         let writing = now != seen;
         seen = now;
-        if now == trimmed || (writing && last_trim.elapsed() < BUSY_EVERY) {
+        if !due(now.saturating_sub(trimmed), writing, last_trim.elapsed()) {
             continue;
         }
         trimmed = now;
@@ -59,3 +69,19 @@ fn trim() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn trim() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bursts_are_trimmed_when_they_end_and_trickles_at_most_every_busy_period() {
+        let soon = Duration::from_secs(2);
+        assert!(due(BURST, false, soon), "a burst that ended");
+        assert!(!due(BURST * 10, true, soon), "a burst still going");
+        assert!(due(BURST * 10, true, BUSY_EVERY), "writes that never pause");
+        assert!(!due(1, false, soon), "a Lease renewal");
+        assert!(due(1, false, BUSY_EVERY), "a trickle, once a period");
+        assert!(!due(0, false, BUSY_EVERY * 10), "nothing written");
+    }
+}
