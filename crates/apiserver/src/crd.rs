@@ -458,7 +458,10 @@ pub async fn run(objects: Objects) {
         } else if ev.kind == EventType::Deleted {
             // An object of a terminating CRD went: that CRD may be released now.
             for (key, crd) in objects.store.list(&prefix, None).1 {
-                if crd.object.metadata_view().pointer("/metadata/deletionTimestamp").is_some() {
+                // The byte check first: most CRDs are not terminating, and they are large.
+                if crd.object.mentions("\"deletionTimestamp\"")
+                    && crd.object.metadata_view().pointer("/metadata/deletionTimestamp").is_some()
+                {
                     reconcile(&objects, key.trim_start_matches(&prefix)).await;
                 }
             }
