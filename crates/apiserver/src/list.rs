@@ -124,19 +124,23 @@ pub async fn serve(objects: &Objects, def: &ResourceDef, ns: Option<&str>, opts:
     let list_rv = cont.as_ref().map_or(current_rv, |c| c.rv);
     let mut selected: Vec<(&String, &Doc)> = Vec::new();
     let mut next = None;
-    for (key, obj) in &items {
+    for (i, (key, obj)) in items.iter().enumerate() {
         if !Selector::doc_matches(&opts.labels, &opts.fields, obj) {
             continue;
         }
         if opts.limit.is_some_and(|l| selected.len() >= l) {
-            next = selected.last().map(|(k, _)| (*k).clone());
+            next = selected.last().map(|(k, _)| ((*k).clone(), items.len() - i));
             break;
         }
         selected.push((key, obj));
     }
     let mut meta = json!({"resourceVersion": list_rv.to_string()});
-    if let Some(last) = next {
+    if let Some((last, remaining)) = next {
         meta["continue"] = json!(encode(&prefix, list_rv, &last));
+        // As kube-apiserver: how many items follow, when no selector makes that unknown.
+        if opts.labels.is_empty() && opts.fields.is_empty() {
+            meta["remainingItemCount"] = json!(remaining);
+        }
     }
     if table::wants_table(accept) {
         let body = table::table_bytes(def, selected.iter().map(|(_, o)| *o), &meta, &opts.include_object);

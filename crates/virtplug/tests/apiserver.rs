@@ -252,9 +252,11 @@ async fn pagination_returns_every_object_once() {
     let mut names = Vec::new();
     let mut lp = ListParams::default().limit(10);
     let mut pages = 0;
+    let mut remaining = Vec::new();
     loop {
         let page = api.list(&lp).await.unwrap();
         pages += 1;
+        remaining.push(page.metadata.remaining_item_count);
         names.extend(page.items.into_iter().map(|v| v.metadata.name.unwrap()));
         match page.metadata.continue_ {
             Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
@@ -262,6 +264,10 @@ async fn pagination_returns_every_object_once() {
         }
     }
     assert_eq!(pages, 3);
+    assert_eq!(remaining, [Some(15), Some(5), None], "remainingItemCount after each page, as kube-apiserver counts");
+    let selected = api.list(&ListParams::default().limit(10).fields("metadata.namespace=default")).await.unwrap();
+    assert_eq!(selected.items.len(), 10);
+    assert_eq!(selected.metadata.remaining_item_count, None, "not counted under a selector");
     let want: Vec<String> = (0..25).map(|i| format!("vm-{i:02}")).collect();
     assert_eq!(names, want);
 }
