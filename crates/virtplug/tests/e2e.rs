@@ -274,6 +274,12 @@ async fn no_cloud_user_data_from_a_secret_reaches_the_guest_once_the_secret_exis
     let reads = (secret_requests("get"), secret_requests("list"), secret_requests("watch"));
     assert_eq!(reads, (1, 1, 1), "(get, list, watch) of the missing Secret while the VMI waits");
 
+    // The Secret first comes without the key KubeVirt reads: the VMI waits for the key, says
+    // which, and goes on when the Secret is replaced by one that has it.
+    up.kubectl(&["create", "secret", "generic", "my-vmi-secret", "--from-literal=user-data=wrong key"]);
+    let why = waiting_for_reason(&up, "ci1", "has no key userdata (or userData)").await;
+    assert!(why.contains("cloudInitNoCloud.secretRef") && why.contains("Secret default/my-vmi-secret"), "{why}");
+    up.kubectl(&["delete", "secret", "my-vmi-secret"]);
     let script = up.dir.path().join("startup-script");
     std::fs::write(&script, "#cloud-config from my-vmi-secret\npassword: fedora\nchpasswd: { expire: False }\n").unwrap();
     up.kubectl(&["create", "secret", "generic", "my-vmi-secret", &format!("--from-file=userdata={}", script.display())]);
@@ -295,11 +301,17 @@ async fn no_cloud_user_data_from_a_secret_reaches_the_guest_once_the_secret_exis
 /// Waits until VMI `vmi` is `Scheduled` waiting for Secret `secret` (its `Ready` condition:
 /// reason `CloudInitSecretMissing`, the message naming the Secret); returns what it says.
 async fn waiting_for(up: &Up, vmi: &str, secret: &str) -> String {
+    waiting_for_reason(up, vmi, &format!("Secret default/{secret} not found")).await
+}
+
+/// Waits until VMI `vmi` is `Scheduled` with `Ready` reason `CloudInitSecretMissing` and a
+/// message containing `text`; returns what it says.
+async fn waiting_for_reason(up: &Up, vmi: &str, text: &str) -> String {
     let jsonpath =
         "jsonpath={.status.phase} {.status.conditions[?(@.type=='Ready')].reason} {.status.conditions[?(@.type=='Ready')].message}";
-    common::wait_until(SEE, &format!("VMI {vmi} to wait for Secret {secret}"), || {
+    common::wait_until(SEE, &format!("VMI {vmi} to wait with CloudInitSecretMissing: {text}"), || {
         let (ok, out) = up.run("kubectl", &["get", "vmi", vmi, "-o", jsonpath]);
-        let hit = ok && out.starts_with("Scheduled CloudInitSecretMissing ") && out.contains(&format!("Secret default/{secret} not found"));
+        let hit = ok && out.starts_with("Scheduled CloudInitSecretMissing ") && out.contains(text);
         async move { hit.then_some(out) }
     })
     .await
