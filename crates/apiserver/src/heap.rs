@@ -56,31 +56,6 @@ pub async fn run(store: Store) {
     }
 }
 
-/// Caps glibc's malloc arenas at one per core (glibc's default is eight per core). Call it
-/// first thing in `main`, before any thread starts. Requests parse and encode their objects on
-/// whichever worker or blocking thread runs them, and each thread's garbage stays in its arena:
-/// with more arenas than cores the server's resident memory after the same 10,000 creates
-/// varied from run to run (2.3 to 4.5 KiB per KiB of stored JSON, `scale`), with one per core
-/// it stayed at 1.8 to 2.2. Threads then share arenas under glibc's lock, which on as few cores
-/// as threads run at once costs no measurable throughput (BENCHMARKS.md, "Scale after store bytes").
-pub fn limit_arenas() {
-    let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
-    set_arena_max(i32::try_from(cores).unwrap_or(i32::MAX));
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-fn set_arena_max(n: i32) {
-    // SAFETY: `mallopt` takes two plain integers and only sets a tunable of the allocator under
-    // its own lock; M_ARENA_MAX bounds arenas created from now on and moves no allocation.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, n);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn set_arena_max(_: i32) {}
-
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn trim() {

@@ -101,7 +101,6 @@ pub fn default_data_dir() -> PathBuf {
 }
 
 fn main() -> std::process::ExitCode {
-    apiserver::heap::limit_arenas();
     // The node agent's mount helper (bind-mount mode): one request, in this process while it
     // is still single-threaded (`setns` into a mount namespace requires it), so before clap,
     // logging or the runtime.
