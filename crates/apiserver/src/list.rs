@@ -115,7 +115,18 @@ pub async fn serve(objects: &Objects, def: &ResourceDef, ns: Option<&str>, opts:
     if let Some(rv) = opts.resource_version.filter(|rv| *rv > 0) {
         watch::wait_for_revision(&objects.store, rv, FRESHNESS_WAIT).await?;
     }
-    let (current_rv, items) = objects.list(def, ns, cont.as_ref().map(|c| c.after.as_str()));
+    let after = cont.as_ref().map(|c| c.after.as_str());
+    let unselected = opts.labels.is_empty() && opts.fields.is_empty();
+    // A page without selectors copies out only its items and the next one (which says whether
+    // there is a next page); a selector must look further.
+    let (current_rv, items, total) = match opts.limit.filter(|_| unselected) {
+        Some(limit) => objects.list_page(def, ns, after, limit.saturating_add(1)),
+        None => {
+            let (rv, items) = objects.list(def, ns, after);
+            let n = items.len();
+            (rv, items, n)
+        }
+    };
     if let (Some(rv), Some(RvMatch::Exact)) = (opts.resource_version, opts.rv_match) {
         if rv != current_rv {
             return Err(ApiError::expired(rv, current_rv));
@@ -129,7 +140,7 @@ pub async fn serve(objects: &Objects, def: &ResourceDef, ns: Option<&str>, opts:
             continue;
         }
         if opts.limit.is_some_and(|l| selected.len() >= l) {
-            next = selected.last().map(|(k, _)| ((*k).clone(), items.len() - i));
+            next = selected.last().map(|(k, _)| ((*k).clone(), total - i));
             break;
         }
         selected.push((key, obj));
@@ -138,7 +149,7 @@ pub async fn serve(objects: &Objects, def: &ResourceDef, ns: Option<&str>, opts:
     if let Some((last, remaining)) = next {
         meta["continue"] = json!(encode(&prefix, list_rv, &last));
         // As kube-apiserver: how many items follow, when no selector makes that unknown.
-        if opts.labels.is_empty() && opts.fields.is_empty() {
+        if unselected {
             meta["remainingItemCount"] = json!(remaining);
         }
     }

@@ -642,6 +642,13 @@ impl Objects {
         let (rv, items) = self.store.list(&def.prefix(ns), after);
         (rv, items.into_iter().map(|(k, s)| (k, s.object)).collect())
     }
+
+    /// The first `max` objects of [`Objects::list`], and how many it would return in all.
+    #[must_use]
+    pub fn list_page(&self, def: &ResourceDef, ns: Option<&str>, after: Option<&str>, max: usize) -> (u64, Vec<(String, Doc)>, usize) {
+        let (rv, items, total) = self.store.list_page(&def.prefix(ns), after, max);
+        (rv, items.into_iter().map(|(k, s)| (k, s.object)).collect(), total)
+    }
 }
 
 /// An object read for a read-modify-write: its revision, its stored JSON (answered as it is when

@@ -295,6 +295,17 @@ impl Store {
         (st.revision, items)
     }
 
+    /// The first `max` objects of [`Store::list`], and how many it would return in all: a page
+    /// without selectors copies out only what it returns.
+    #[must_use]
+    pub fn list_page(&self, prefix: &str, after: Option<&str>, max: usize) -> (u64, Vec<(String, Stored)>, usize) {
+        let st = self.read();
+        let start = after.map_or_else(|| prefix.to_owned(), |a| format!("{a}\u{0}"));
+        let range = || st.objects.range(start.clone()..).take_while(|(k, _)| k.starts_with(prefix));
+        let items = range().take(max).map(|(k, v)| (k.clone(), v.clone())).collect();
+        (st.revision, items, range().count())
+    }
+
     /// Every object (for the garbage collector's scans).
     #[must_use]
     pub fn all(&self) -> Vec<(String, Stored)> {
