@@ -119,14 +119,8 @@ pub async fn serve(objects: &Objects, def: &ResourceDef, ns: Option<&str>, opts:
     let unselected = opts.labels.is_empty() && opts.fields.is_empty();
     // A page without selectors copies out only its items and the next one (which says whether
     // there is a next page); a selector must look further.
-    let (current_rv, items, total) = match opts.limit.filter(|_| unselected) {
-        Some(limit) => objects.list_page(def, ns, after, limit.saturating_add(1)),
-        None => {
-            let (rv, items) = objects.list(def, ns, after);
-            let n = items.len();
-            (rv, items, n)
-        }
-    };
+    let max = opts.limit.filter(|_| unselected).map_or(usize::MAX, |limit| limit.saturating_add(1));
+    let (current_rv, items, total) = objects.list_page(def, ns, after, max);
     if let (Some(rv), Some(RvMatch::Exact)) = (opts.resource_version, opts.rv_match) {
         if rv != current_rv {
             return Err(ApiError::expired(rv, current_rv));

@@ -639,8 +639,8 @@ impl Objects {
     /// All objects of `def` in `ns` (all namespaces when `None`), after `after`, with the revision.
     #[must_use]
     pub fn list(&self, def: &ResourceDef, ns: Option<&str>, after: Option<&str>) -> (u64, Vec<(String, Doc)>) {
-        let (rv, items) = self.store.list(&def.prefix(ns), after);
-        (rv, items.into_iter().map(|(k, s)| (k, s.object)).collect())
+        let (rv, items, _) = self.list_page(def, ns, after, usize::MAX);
+        (rv, items)
     }
 
     /// The first `max` objects of [`Objects::list`], and how many it would return in all.

@@ -289,21 +289,20 @@ impl Store {
     /// with the current revision.
     #[must_use]
     pub fn list(&self, prefix: &str, after: Option<&str>) -> (u64, Vec<(String, Stored)>) {
-        let st = self.read();
-        let start = after.map_or_else(|| prefix.to_owned(), |a| format!("{a}\u{0}"));
-        let items = st.objects.range(start..).take_while(|(k, _)| k.starts_with(prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
-        (st.revision, items)
+        let (rv, items, _) = self.list_page(prefix, after, usize::MAX);
+        (rv, items)
     }
 
     /// The first `max` objects of [`Store::list`], and how many it would return in all: a page
-    /// without selectors copies out only what it returns.
+    /// without selectors copies out only what it returns (the rest is counted, not copied).
     #[must_use]
     pub fn list_page(&self, prefix: &str, after: Option<&str>, max: usize) -> (u64, Vec<(String, Stored)>, usize) {
         let st = self.read();
         let start = after.map_or_else(|| prefix.to_owned(), |a| format!("{a}\u{0}"));
         let range = || st.objects.range(start.clone()..).take_while(|(k, _)| k.starts_with(prefix));
-        let items = range().take(max).map(|(k, v)| (k.clone(), v.clone())).collect();
-        (st.revision, items, range().count())
+        let items: Vec<_> = range().take(max).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let total = if items.len() < max { items.len() } else { range().count() };
+        (st.revision, items, total)
     }
 
     /// Every object (for the garbage collector's scans).
