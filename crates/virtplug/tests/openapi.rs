@@ -41,6 +41,20 @@ fn ok(bin: &Path, kubeconfig: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Runs `check` with every kubectl on the machine (off the async workers: kubectl blocks), with
+/// its file name, dots made dashes (`kubectl-1-27`), to name what each one creates.
+async fn each_kubectl(s: &TestServer, check: impl Fn(&Path, &Path, &str) + Send + 'static) {
+    let kc = s.kubeconfig.clone();
+    tokio::task::spawn_blocking(move || {
+        for bin in kubectls() {
+            let v = bin.file_name().unwrap().to_string_lossy().replace('.', "-");
+            check(&bin, &kc, &v);
+        }
+    })
+    .await
+    .unwrap();
+}
+
 /// What each explanation must show: the kind, fields, and their descriptions (from the schemas,
 /// not placeholders).
 const EXPLAINED: &[(&str, &str, &[&str])] = &[
@@ -54,63 +68,53 @@ const EXPLAINED: &[(&str, &str, &[&str])] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kubectl_explains_from_v3_and_from_v2() {
     let s = TestServer::start().await;
-    let kc = s.kubeconfig.clone();
-    tokio::task::spawn_blocking(move || {
-        for bin in kubectls() {
-            let v = bin.file_name().unwrap().to_string_lossy().into_owned();
-            for (path, kind, expected) in EXPLAINED {
-                // The default (v3 where kubectl finds it, v2 otherwise) and v2 explicitly, which
-                // kubectl 1.27 and later render with `--output=plaintext-openapiv2`.
-                for extra in [None, Some("--output=plaintext-openapiv2")] {
-                    // In v2 a node that keeps unknown fields is published without its
-                    // properties, as kube-apiserver publishes it (kubectl's v2 validation
-                    // would refuse every field they do not list): the VM's spec is one.
-                    if extra.is_some() && kind == &"VirtualMachine" {
-                        continue;
-                    }
-                    let mut args = vec!["explain", *path];
-                    args.extend(extra);
-                    let out = ok(&bin, &kc, &args);
-                    assert!(out.contains("KIND:") && out.contains(kind), "{v} {args:?}: {out}");
-                    for e in *expected {
-                        assert!(out.contains(e), "{v} {args:?}: no {e:?} in\n{out}");
-                    }
+    each_kubectl(&s, move |bin, kc, v| {
+        for (path, kind, expected) in EXPLAINED {
+            // The default (v3 where kubectl finds it, v2 otherwise) and v2 explicitly, which
+            // kubectl 1.27 and later render with `--output=plaintext-openapiv2`.
+            for extra in [None, Some("--output=plaintext-openapiv2")] {
+                // In v2 a node that keeps unknown fields is published without its
+                // properties, as kube-apiserver publishes it (kubectl's v2 validation
+                // would refuse every field they do not list): the VM's spec is one.
+                if extra.is_some() && kind == &"VirtualMachine" {
+                    continue;
+                }
+                let mut args = vec!["explain", *path];
+                args.extend(extra);
+                let out = ok(bin, kc, &args);
+                assert!(out.contains("KIND:") && out.contains(kind), "{v} {args:?}: {out}");
+                for e in *expected {
+                    assert!(out.contains(e), "{v} {args:?}: no {e:?} in\n{out}");
                 }
             }
         }
     })
-    .await
-    .unwrap();
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kubectl_applies_a_full_kubevirt_manifest_under_strict_validation() {
     let s = TestServer::start().await;
     let manifest = std::fs::read_to_string(common::fixture("testvm.yaml")).expect("fixture");
-    let kc = s.kubeconfig.clone();
-    tokio::task::spawn_blocking(move || {
-        for bin in kubectls() {
-            let v = bin.file_name().unwrap().to_string_lossy().replace('.', "-");
-            // One VM per kubectl: each creates its own, then applies a change to it.
-            let mine = manifest.replace("name: testvm\n", &format!("name: vm-{v}\n"));
-            for (doc, expect) in [(mine.clone(), "created"), (mine.replace("runStrategy: Halted", "runStrategy: Manual"), "configured")] {
-                let out = kubectl(&bin, &kc, &["apply", "--validate=strict", "-f", "-"], Some(&doc));
-                let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-                assert!(out.status.success() && stdout.contains(expect), "{v}: {stdout}{stderr}");
-            }
-            let run = ok(&bin, &kc, &["get", "vm", &format!("vm-{v}"), "-o", "jsonpath={.spec.runStrategy}"]);
-            assert_eq!(run, "Manual", "{v}");
-            // A core kind's apply: kubectl computes its patch from the documents or its own types.
-            let cm = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ns-{v}\n  labels:\n    a: b\n");
-            let out = kubectl(&bin, &kc, &["apply", "--validate=strict", "-f", "-"], Some(&cm));
-            assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stderr));
-            let out = kubectl(&bin, &kc, &["apply", "--validate=strict", "-f", "-"], Some(&cm.replace("a: b", "a: c")));
-            assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stderr));
-            assert_eq!(ok(&bin, &kc, &["get", "ns", &format!("ns-{v}"), "-o", "jsonpath={.metadata.labels.a}"]), "c", "{v}");
+    each_kubectl(&s, move |bin, kc, v| {
+        // One VM per kubectl: each creates its own, then applies a change to it.
+        let mine = manifest.replace("name: testvm\n", &format!("name: vm-{v}\n"));
+        for (doc, expect) in [(mine.clone(), "created"), (mine.replace("runStrategy: Halted", "runStrategy: Manual"), "configured")] {
+            let out = kubectl(bin, kc, &["apply", "--validate=strict", "-f", "-"], Some(&doc));
+            let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success() && stdout.contains(expect), "{v}: {stdout}{stderr}");
         }
+        let run = ok(bin, kc, &["get", "vm", &format!("vm-{v}"), "-o", "jsonpath={.spec.runStrategy}"]);
+        assert_eq!(run, "Manual", "{v}");
+        // A core kind's apply: kubectl computes its patch from the documents or its own types.
+        let cm = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ns-{v}\n  labels:\n    a: b\n");
+        let out = kubectl(bin, kc, &["apply", "--validate=strict", "-f", "-"], Some(&cm));
+        assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = kubectl(bin, kc, &["apply", "--validate=strict", "-f", "-"], Some(&cm.replace("a: b", "a: c")));
+        assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(ok(bin, kc, &["get", "ns", &format!("ns-{v}"), "-o", "jsonpath={.metadata.labels.a}"]), "c", "{v}");
     })
-    .await
-    .unwrap();
+    .await;
 }
 
 /// `kubectl get -o yaml` of several objects writes a `List`; feeding it back is how users copy
@@ -120,37 +124,32 @@ async fn every_kubectl_applies_a_full_kubevirt_manifest_under_strict_validation(
 async fn every_kubectl_creates_vms_from_a_list_it_printed() {
     let s = TestServer::start().await;
     let manifest = std::fs::read_to_string(common::fixture("testvm.yaml")).expect("fixture");
-    let kc = s.kubeconfig.clone();
-    tokio::task::spawn_blocking(move || {
-        for bin in kubectls() {
-            let v = bin.file_name().unwrap().to_string_lossy().replace('.', "-");
-            let ns = format!("list-{v}");
-            ok(&bin, &kc, &["create", "namespace", &ns]);
-            for i in 0..2 {
-                let doc = manifest.replace("name: testvm\n", &format!("name: vm-{i}\n  namespace: {ns}\n"));
-                let out = kubectl(&bin, &kc, &["create", "-f", "-"], Some(&doc));
-                assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stderr));
-            }
-            let printed = ok(&bin, &kc, &["get", "vm", "-n", &ns, "-o", "yaml"]);
-            assert!(printed.contains("kind: List"), "{v}: {printed}");
-            // What a user strips before creating again (kube-apiserver refuses a create that
-            // carries a resourceVersion).
-            let list: String = printed
-                .lines()
-                .filter(|l| !l.trim_start().starts_with("resourceVersion:") && !l.trim_start().starts_with("uid:"))
-                .map(|l| format!("{l}\n"))
-                .collect();
-            ok(&bin, &kc, &["delete", "vm", "--all", "-n", &ns]);
-            for validate in ["--validate=strict", "--validate=true"] {
-                let out = kubectl(&bin, &kc, &["create", validate, "-f", "-"], Some(&list));
-                let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-                assert!(out.status.success() && stdout.matches(" created").count() == 2, "{v} {validate}: {stdout}{stderr}");
-                ok(&bin, &kc, &["delete", "vm", "--all", "-n", &ns]);
-            }
+    each_kubectl(&s, move |bin, kc, v| {
+        let ns = format!("list-{v}");
+        ok(bin, kc, &["create", "namespace", &ns]);
+        for i in 0..2 {
+            let doc = manifest.replace("name: testvm\n", &format!("name: vm-{i}\n  namespace: {ns}\n"));
+            let out = kubectl(bin, kc, &["create", "-f", "-"], Some(&doc));
+            assert!(out.status.success(), "{v}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let printed = ok(bin, kc, &["get", "vm", "-n", &ns, "-o", "yaml"]);
+        assert!(printed.contains("kind: List"), "{v}: {printed}");
+        // What a user strips before creating again (kube-apiserver refuses a create that
+        // carries a resourceVersion).
+        let list: String = printed
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("resourceVersion:") && !l.trim_start().starts_with("uid:"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        ok(bin, kc, &["delete", "vm", "--all", "-n", &ns]);
+        for validate in ["--validate=strict", "--validate=true"] {
+            let out = kubectl(bin, kc, &["create", validate, "-f", "-"], Some(&list));
+            let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success() && stdout.matches(" created").count() == 2, "{v} {validate}: {stdout}{stderr}");
+            ok(bin, kc, &["delete", "vm", "--all", "-n", &ns]);
         }
     })
-    .await
-    .unwrap();
+    .await;
 }
 
 async fn get(s: &TestServer, path: &str, headers: &[(&str, &str)]) -> (u16, http::HeaderMap, Vec<u8>) {
