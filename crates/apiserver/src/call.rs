@@ -29,6 +29,8 @@ pub struct ApiState {
     pub tunnels: std::sync::Arc<crate::tunnel::Tunnels>,
     /// The bearer token a `TokenReview` authenticates (the kubeconfig's); `None`: none.
     pub token: Option<String>,
+    /// The ServiceAccount tokens minted by `serviceaccounts/token` ([`crate::tokens`]).
+    pub tokens: crate::tokens::Tokens,
 }
 
 /// One request on its way to its handler.

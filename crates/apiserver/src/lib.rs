@@ -56,6 +56,7 @@ pub mod store;
 pub mod subresources;
 pub mod table;
 pub mod target;
+pub mod tokens;
 pub mod tunnel;
 pub mod verbs;
 pub mod watch;
@@ -244,6 +245,7 @@ impl Server {
             kubevirt_subresources: config.kubevirt_subresources,
             tunnels: Arc::default(),
             token: Some(credentials.token.clone()),
+            tokens: tokens::Tokens::default(),
         });
         Ok(Server { state, credentials, data_dir: config.data_dir.clone(), health, connections: config.connections.clone(), audit })
     }

@@ -35,7 +35,7 @@ use crate::call::Call;
 use crate::query;
 use crate::status::ApiError;
 use crate::target::{self, Resource, Shape};
-use crate::{discovery, negotiate, subresources, tunnel, verbs};
+use crate::{discovery, negotiate, subresources, tokens, tunnel, verbs};
 
 /// What an async handler returns.
 pub type Reply<'a> = Pin<Box<dyn Future<Output = Result<Response, ApiError>> + Send + 'a>>;
@@ -110,6 +110,9 @@ pub static ROUTES: &[Route] = &[
     ),
     // core/v1 pods/binding (kube-scheduler's bind).
     Route::Path(Method::POST, "/api/v1/namespaces/{namespace}/pods/{name}/binding", Handler::Async(|c| Box::pin(subresources::binding(c)))),
+    // core/v1 serviceaccounts/token (TokenRequest: what the kubelet's projected tokens and
+    // `kubectl create token` ask).
+    Route::Path(Method::POST, "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", Handler::Async(|c| Box::pin(tokens::request(c)))),
     // The verbs on resources.
     Route::Verb(Method::GET, Shape::Collection, |c, r| Box::pin(verbs::list(c, r))),
     Route::Verb(Method::POST, Shape::Collection, |c, r| Box::pin(verbs::create(c, r))),
@@ -304,6 +307,7 @@ mod tests {
             kubevirt_subresources: true,
             tunnels: Arc::default(),
             token: None,
+            tokens: crate::tokens::Tokens::default(),
         })
     }
 

@@ -55,7 +55,7 @@ pub async fn create(mut c: Call<'_>, r: Resource) -> Answer {
     let body = c.body().await?;
     let obj = parse_body(&c, &body)?;
     if let Some(review) = r.def.review {
-        let cx = crate::kinds::review::Context { objects: &c.st.objects, token: c.st.token.as_deref() };
+        let cx = crate::kinds::review::Context { objects: &c.st.objects, token: c.st.token.as_deref(), tokens: &c.st.tokens };
         return answer_review(r.def, review, &cx, obj);
     }
     let write = write_options(&c, &r, "CreateOptions", false)?;

@@ -7,7 +7,9 @@
 //! The server has one credential, the bearer token in the kubeconfig, and its holder is an
 //! administrator: every self access review is allowed, the rules review lists `*` for
 //! everything, and the subject review names the kubeconfig's user ([`ADMIN_USER`]) in
-//! `system:masters`. A `TokenReview` authenticates that token (as that user) and no other. A
+//! `system:masters`. A `TokenReview` authenticates that token (as that user), and the
+//! ServiceAccount tokens `serviceaccounts/token` minted ([`crate::tokens`]: with their
+//! ServiceAccount's user, groups and bound-object extras, while they are valid). A
 //! `SubjectAccessReview` is decided for the user and groups it names by the stored RBAC objects
 //! ([`super::rbac`]).
 //!
@@ -29,8 +31,10 @@ pub const ADMIN_GROUPS: [&str; 2] = ["system:masters", "system:authenticated"];
 /// What a review may consult.
 pub struct Context<'a> {
     pub objects: &'a crate::objects::Objects,
-    /// The bearer token a `TokenReview` authenticates; `None`: none.
+    /// The bearer token a `TokenReview` authenticates as the administrator; `None`: none.
     pub token: Option<&'a str>,
+    /// The minted ServiceAccount tokens a `TokenReview` also authenticates.
+    pub tokens: &'a crate::tokens::Tokens,
 }
 
 /// A review kind: its protobuf message and its answer.
@@ -106,7 +110,7 @@ pub static SUBJECT: Review = Review { protobuf: &SUBJECT_PROTOBUF, answer: subje
 
 /// `SubjectAccessReview`: decided by RBAC.
 pub static SUBJECT_ACCESS: Review = Review { protobuf: &SAR_PROTOBUF, answer: subject_access };
-/// `TokenReview`: the kubeconfig's token is the administrator.
+/// `TokenReview`: the kubeconfig's token is the administrator; a minted one its ServiceAccount.
 pub static TOKEN: Review = Review { protobuf: &TOKEN_PROTOBUF, answer: token };
 
 fn one_of_attributes(review: &Value) -> Result<(), Vec<Cause>> {
@@ -155,16 +159,30 @@ fn subject_access(cx: &Context<'_>, mut review: Value) -> Result<Value, Vec<Caus
 }
 
 fn token(cx: &Context<'_>, mut review: Value) -> Result<Value, Vec<Cause>> {
-    let given = review.pointer("/spec/token").and_then(Value::as_str).unwrap_or("");
+    let given = review.pointer("/spec/token").and_then(Value::as_str).unwrap_or("").to_owned();
     if given.is_empty() {
         return Err(vec![Cause::new(CauseType::Required, "spec.token", "token must not be empty")]);
     }
     // Constant time for tokens of the right length, as the router's check.
-    let ok = cx.token.is_some_and(|t| bool::from(subtle::ConstantTimeEq::ct_eq(t.as_bytes(), given.as_bytes())));
-    review["status"] = if ok {
+    let admin = cx.token.is_some_and(|t| bool::from(subtle::ConstantTimeEq::ct_eq(t.as_bytes(), given.as_bytes())));
+    let audiences: Vec<String> = review
+        .pointer("/spec/audiences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    review["status"] = if admin {
         json!({"authenticated": true, "user": {"username": ADMIN_USER, "groups": ADMIN_GROUPS}})
     } else {
-        json!({"authenticated": false, "error": "the token is not this API server's"})
+        match cx.tokens.review(cx.objects, &given, &audiences, jiff::Timestamp::now()) {
+            Some(Ok(u)) => json!({"authenticated": true, "audiences": u.audiences,
+                "user": {"username": u.username, "uid": u.uid, "groups": u.groups, "extra": u.extra}}),
+            // kube-apiserver's wording for a token it signed that no longer holds.
+            Some(Err(why)) => json!({"authenticated": false, "error": format!("[invalid bearer token, {why}]")}),
+            None => json!({"authenticated": false, "error": "the token is not this API server's"}),
+        }
     };
     Ok(review)
 }
@@ -202,7 +220,8 @@ mod tests {
     #[tokio::test]
     async fn the_token_holder_may_do_anything_and_is_named() {
         let (_dir, objects) = objects().await;
-        let cx = Context { objects: &objects, token: Some("t0ken") };
+        let tokens = crate::tokens::Tokens::default();
+        let cx = Context { objects: &objects, token: Some("t0ken"), tokens: &tokens };
         let r = access(&cx, json!({"spec": {"resourceAttributes": {"verb": "*", "resource": "*"}}})).unwrap();
         assert_eq!(r.pointer("/status/allowed"), Some(&json!(true)));
         assert!(access(&cx, json!({"spec": {}})).is_err());
@@ -213,6 +232,32 @@ mod tests {
         assert_eq!(ok.pointer("/status/user/username"), Some(&json!(ADMIN_USER)));
         let other = token(&cx, json!({"spec": {"token": "t0keN"}})).unwrap();
         assert_eq!(other.pointer("/status/authenticated"), Some(&json!(false)));
+    }
+
+    /// A token `serviceaccounts/token` minted is its ServiceAccount in a TokenReview, with the
+    /// node it is bound to in `extra`; once that Node is gone, kube-apiserver's refusal.
+    #[tokio::test]
+    async fn a_minted_token_is_its_service_account_until_its_bound_object_goes() {
+        let (_dir, objects) = objects().await;
+        let nodes = crate::registry::find("", "v1", "nodes").unwrap();
+        objects.create(nodes, None, json!({"metadata": {"name": "n1"}}), false).await.unwrap();
+        let namespaces = crate::registry::find("", "v1", "namespaces").unwrap();
+        objects.create(namespaces, None, json!({"metadata": {"name": "ops"}}), false).await.unwrap();
+        let accounts = crate::registry::find("", "v1", "serviceaccounts").unwrap();
+        objects.create(accounts, Some("ops"), json!({"metadata": {"name": "agent"}}), false).await.unwrap();
+        let tokens = crate::tokens::Tokens::default();
+        let ask = json!({"spec": {"boundObjectRef": {"kind": "Node", "name": "n1"}}});
+        let minted = tokens.mint(&objects, "ops", "agent", &ask, jiff::Timestamp::now()).unwrap();
+        let cx = Context { objects: &objects, token: Some("t0ken"), tokens: &tokens };
+        let review = json!({"spec": {"token": minted.pointer("/status/token").unwrap()}});
+        let ok = token(&cx, review.clone()).unwrap();
+        assert_eq!(ok.pointer("/status/user/username"), Some(&json!("system:serviceaccount:ops:agent")));
+        assert_eq!(ok.pointer("/status/user/extra/authentication.kubernetes.io~1node-name"), Some(&json!(["n1"])));
+        objects.delete(nodes, None, "n1", &crate::objects::DeleteOptions::default()).await.unwrap();
+        let gone = token(&cx, review).unwrap();
+        assert_eq!(gone.pointer("/status/authenticated"), Some(&json!(false)));
+        let error = gone.pointer("/status/error").and_then(Value::as_str).unwrap_or_default();
+        assert!(error.starts_with("[invalid bearer token, node n1 (UID ") && error.ends_with(") has been deleted]"), "{error}");
     }
 
     /// A SubjectAccessReview is decided by the stored RBAC objects: a RoleBinding grants in its
@@ -246,7 +291,8 @@ mod tests {
             )
             .await
             .unwrap();
-        let cx = Context { objects: &objects, token: None };
+        let tokens = crate::tokens::Tokens::default();
+        let cx = Context { objects: &objects, token: None, tokens: &tokens };
         let ask = |user: &str, ns: &str| {
             json!({"spec": {"user": user, "groups": ["system:authenticated"], "resourceAttributes": {
                 "namespace": ns, "verb": "get", "group": "subresources.kubevirt.io", "resource": "virtualmachineinstances",
