@@ -28,6 +28,8 @@
 //! - Tokens are kept in memory: a restart of the server forgets them (kube-apiserver's are signed
 //!   JWTs that outlive it; a holder here requests a new one, as the kubelet does before expiry).
 //! - They are opaque, not JWTs: only this server's `TokenReview` can tell who holds one.
+//! - The request body is JSON (what `kubectl create token` sends), not protobuf; `dryRun` is not
+//!   read (every request mints).
 //! - They authenticate only through `TokenReview`: this server's own API still answers only its
 //!   one credential, the kubeconfig's token (it has one identity and authorizes nothing else).
 //! - Only that credential's holder, an administrator, can mint them, so their number is bounded
@@ -182,6 +184,9 @@ fn parse_spec(body: &Value) -> Result<Spec, ApiError> {
             let kind = match kind {
                 "Pod" => Some(BoundKind::Pod),
                 "Node" => Some(BoundKind::Node),
+                // kube-apiserver refuses other kinds later, in its storage, as 400 "cannot bind
+                // token to object of type ..." (and also binds to Secrets, which nothing here
+                // needs); here a 422 names the field.
                 other => {
                     causes.push(Cause::new(
                         CauseType::NotSupported,
