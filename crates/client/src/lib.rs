@@ -80,23 +80,35 @@ pub async fn connect_with(path: Option<&Path>, user_agent: &str, retries: Retrie
     build(config(path).await?, user_agent, retries)
 }
 
-/// [`connect_with`] with the kubeconfig's credentials, but to `server` (trusting the DER
-/// certificates `roots` instead of the kubeconfig's CA when given): the node agent's tunnel to
-/// `virtplug subresources-api` where kube-apiserver does not proxy it.
+/// Where and as whom [`connect_to`] connects instead of the kubeconfig's server and user.
+#[derive(Clone, Debug, Default)]
+pub struct Elsewhere {
+    /// Another server (the kubeconfig's CA still applies unless `roots` is given).
+    pub server: Option<http::Uri>,
+    /// DER certificates to trust instead of the kubeconfig's CA.
+    pub roots: Option<Vec<Vec<u8>>>,
+    /// A file holding the bearer token to present instead of the kubeconfig's credentials
+    /// (re-read as it changes, as kube-client reads token files).
+    pub token_file: Option<PathBuf>,
+}
+
+/// [`connect_with`], but to another server or as another bearer token ([`Elsewhere`]): the node
+/// agent's tunnel to `virtplug subresources-api` where kube-apiserver does not proxy it, or with
+/// a token bound to its node.
 ///
 /// # Errors
 /// As [`connect_with`].
-pub async fn connect_to(
-    path: Option<&Path>,
-    user_agent: &str,
-    retries: Retries,
-    server: http::Uri,
-    roots: Option<Vec<Vec<u8>>>,
-) -> Result<kube::Client, ConnectError> {
+pub async fn connect_to(path: Option<&Path>, user_agent: &str, retries: Retries, to: Elsewhere) -> Result<kube::Client, ConnectError> {
     let mut config = config(path).await?;
-    config.cluster_url = server;
-    if roots.is_some() {
-        config.root_cert = roots;
+    if let Some(server) = to.server {
+        config.cluster_url = server;
+    }
+    if to.roots.is_some() {
+        config.root_cert = to.roots;
+    }
+    if let Some(file) = to.token_file {
+        // The token alone: no client certificate, basic auth or exec plugin of the kubeconfig.
+        config.auth_info = kube::config::AuthInfo { token_file: Some(file.to_string_lossy().into_owned()), ..Default::default() };
     }
     build(config, user_agent, retries)
 }

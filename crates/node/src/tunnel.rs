@@ -34,7 +34,9 @@ const RECONNECT: Backoff = Backoff { base: Duration::from_millis(200), cap: Dura
 /// Where this agent's tunnel connects and what it serves.
 #[derive(Clone)]
 pub struct Tunnel {
-    /// A client that can upgrade (from a kubeconfig or in-cluster config, not in-process).
+    /// A client that can upgrade (from a kubeconfig or in-cluster config, not in-process). For
+    /// `virtplug subresources-api` its credential must be bound to `node` (in a cluster: the
+    /// pod's projected ServiceAccount token, the in-cluster config's token file).
     pub client: kube::Client,
     pub node: String,
     /// The agent's run dirs (`STATE_DIR/vmis`).

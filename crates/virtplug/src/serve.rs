@@ -233,6 +233,14 @@ pub struct NodeArgs {
     /// The CA (PEM) that signed --tunnel-server's certificate [default: the kubeconfig's].
     #[arg(long, requires = "tunnel_server")]
     tunnel_ca: Option<PathBuf>,
+    /// Present the bearer token in this file on the console tunnel and its streams, instead of
+    /// the kubeconfig's credentials (re-read as it changes). `virtplug subresources-api` accepts
+    /// a node's tunnel only from a token bound to that node: in a cluster that is the agent's
+    /// in-cluster credential, its pod's projected ServiceAccount token, and this flag is not
+    /// needed; out of a cluster (or with stand-ins), point it at a token minted for a pod on this
+    /// node (`kubectl create token SA --bound-object-kind Pod --bound-object-name POD`).
+    #[arg(long)]
+    tunnel_token_file: Option<PathBuf>,
     /// Serve /healthz, /readyz and /metrics (plain HTTP) on this address.
     #[arg(long, default_value = "127.0.0.1:8186")]
     health_listen: SocketAddr,
@@ -289,14 +297,19 @@ pub fn host_name() -> String {
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     let client = crate::migrate::connect(args.kubeconfig.clone(), "node").await?;
-    let tunnel_client = match args.tunnel_server {
-        None => crate::migrate::connect_with(args.kubeconfig, "node", client::Retries::None).await?,
-        Some(server) => {
-            let roots = args.tunnel_ca.as_deref().map(read_ca).transpose()?;
-            client::connect_to(args.kubeconfig.as_deref(), &client::user_agent("node"), client::Retries::None, server.clone(), roots)
-                .await
-                .with_context(|| format!("--tunnel-server {server}"))?
-        }
+    // The tunnel's client: the agent's credentials (in a cluster, its pod's projected token,
+    // which names this node), unless --tunnel-token-file names others.
+    let tunnel_client = if args.tunnel_server.is_none() && args.tunnel_token_file.is_none() {
+        crate::migrate::connect_with(args.kubeconfig, "node", client::Retries::None).await?
+    } else {
+        let roots = args.tunnel_ca.as_deref().map(read_ca).transpose()?;
+        let to = client::Elsewhere { server: args.tunnel_server.clone(), roots, token_file: args.tunnel_token_file.clone() };
+        client::connect_to(args.kubeconfig.as_deref(), &client::user_agent("node"), client::Retries::None, to).await.with_context(|| {
+            format!(
+                "cannot build the console tunnel's client (--tunnel-server {:?}, --tunnel-token-file {:?})",
+                args.tunnel_server, args.tunnel_token_file
+            )
+        })?
     };
     crate::kubevirt_guard::refuse_beside_kubevirt(&client, "node agent").await?;
     let data_dir = args.data_dir.unwrap_or_else(crate::default_data_dir);

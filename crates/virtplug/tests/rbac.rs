@@ -271,10 +271,14 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
     let (_virtapi, virtapi_url) = subresources_api(&d, kc);
     let virtapi_ca = std::fs::read_to_string(d.join("virtapi/ca.crt")).unwrap();
     let virtapi_ca: Vec<Vec<u8>> = rustls_pemfile::certs(&mut virtapi_ca.as_bytes()).map(|c| c.unwrap().to_vec()).collect();
-    let virtapi =
-        client::connect_to(Some(&kubeconfig), TEST_AGENT, client::Retries::Default, virtapi_url.parse().unwrap(), Some(virtapi_ca))
-            .await
-            .unwrap();
+    let virtapi = client::connect_to(
+        Some(&kubeconfig),
+        TEST_AGENT,
+        client::Retries::Default,
+        client::Elsewhere { server: Some(virtapi_url.parse().unwrap()), roots: Some(virtapi_ca), token_file: None },
+    )
+    .await
+    .unwrap();
     // The kubelet registers the Node and runs its pods; kube-scheduler binds them (STAND-INS:
     // the test, with its own User-Agent, so their requests are not the components').
     common::fakenode::kubelet(&client, "rbac-node").await;
