@@ -18,13 +18,22 @@
 //!   random bits, sent on no other connection, used once.
 //! - [`Tunnels::open`] ends within its deadline: no link (no agent connected), refused, or
 //!   timed out are errors the console handler answers as 503.
+//! - In `virtplug subresources-api` (cluster mode), NODE's link and streams are accepted only
+//!   from a credential bound to NODE: exactly one `authentication.kubernetes.io/node-name` user
+//!   extra, equal to NODE (`virtapi::nodebound`), so an agent on another node cannot take NODE's
+//!   consoles even though the agents' shared role grants every node's tunnel.
 //!
 //! # Assumptions
 //! The caller is authenticated and authorized before [`accept_link`] and [`accept_stream`] run:
-//! in the embedded server by the router's token check (one identity, so "the node agent's
-//! credentials" are the kubeconfig's); in `virtplug subresources-api` by a SubjectAccessReview
-//! for `get` on `nodes/tunnel` or `nodes/streams` named NODE (which RBAC grants per node only by
-//! `resourceNames`).
+//! - in the embedded server by the router's token check: one identity, so "the node agent's
+//!   credentials" are the kubeconfig's, and any holder of that token (an administrator) can
+//!   open any node's tunnel;
+//! - in `virtplug subresources-api` by a SubjectAccessReview for `get` on `nodes/tunnel` or
+//!   `nodes/streams` named NODE, then the node binding above. That binding holds only where the
+//!   API server puts the node in the token's user info: pod-bound ServiceAccount tokens from
+//!   Kubernetes 1.30 on (KEP-4193, `ServiceAccountTokenPodNodeInfo`), and tokens bound to a Node
+//!   object. On older clusters the check refuses every agent unless it is turned off
+//!   (`--insecure-tunnels-from-any-node`), which leaves RBAC alone: any agent, any node.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -116,9 +116,10 @@ impl RequestHeader {
             let Ok(v) = v.to_str() else { continue };
             for prefix in &self.extra_prefixes {
                 if let Some(key) = k.as_str().strip_prefix(&prefix.to_ascii_lowercase()) {
-                    // Extra keys are percent-encoded in the header name (kube-apiserver's rule).
-                    let key: String =
-                        form_urlencoded::parse(format!("k={key}").as_bytes()).map(|(_, v)| v.into_owned()).next().unwrap_or_default();
+                    // Extra keys are percent-encoded in the header name (kube-aggregator's
+                    // `headerKeyEscape`, undone by `url.PathUnescape`: a `+` stays a `+`).
+                    let escaped = format!("k={}", key.replace('+', "%2B"));
+                    let key: String = form_urlencoded::parse(escaped.as_bytes()).map(|(_, v)| v.into_owned()).next().unwrap_or_default();
                     extra.entry(key.to_lowercase()).or_default().push(v.to_owned());
                 }
             }
@@ -180,10 +181,14 @@ mod tests {
         h.append("x-remote-group", "ops".parse().unwrap());
         h.append("x-remote-group", "system:authenticated".parse().unwrap());
         h.insert("x-remote-extra-scopes%2fa", "one".parse().unwrap());
+        h.insert("x-remote-extra-authentication.kubernetes.io%2Fnode-name", "n1".parse().unwrap());
+        h.insert("x-remote-extra-a+b", "plus".parse().unwrap());
         let u = settings(&[]).user(&h).unwrap();
         assert_eq!(u.name, "alice");
         assert_eq!(u.groups, ["ops", "system:authenticated"]);
         assert_eq!(u.extra.get("scopes/a").map(Vec::as_slice), Some(&["one".to_owned()][..]));
+        assert_eq!(u.extra.get("authentication.kubernetes.io/node-name").map(Vec::as_slice), Some(&["n1".to_owned()][..]));
+        assert!(u.extra.contains_key("a+b"), "a `+` is not a space in a path escape: {:?}", u.extra);
         assert!(settings(&[]).user(&HeaderMap::new()).is_none(), "no username header, no user");
     }
 

@@ -4,8 +4,9 @@
 //!
 //! - [`authn`]: who asks (kube-aggregator's front-proxy certificate and `X-Remote-*` headers,
 //!   or a bearer token reviewed by the API server); [`authz`]: whether they may (a
-//!   `SubjectAccessReview` per request, in KubeVirt's RBAC attributes); [`objects`]: the VMs and
-//!   VMIs, read and edited through the API server.
+//!   `SubjectAccessReview` per request, in KubeVirt's RBAC attributes); [`nodebound`]: a node's
+//!   tunnel only for a credential bound to that node; [`objects`]: the VMs and VMIs, read and
+//!   edited through the API server.
 //! - The handlers are the embedded API server's ([`apiserver::subresources`],
 //!   [`apiserver::tunnel`]): the same paths, bodies, status codes and wording. Node agents
 //!   open their console tunnel here (`subresources.virtplug.io` `nodes/tunnel`,
@@ -23,6 +24,7 @@
 
 pub mod authn;
 pub mod authz;
+pub mod nodebound;
 pub mod objects;
 
 use std::sync::Arc;
@@ -61,6 +63,9 @@ pub struct Config {
     pub cert_pem: String,
     pub key_pem: String,
     pub connections: tlsserve::Limits,
+    /// Whether a node's tunnel needs a credential bound to that node ([`nodebound`]); off only
+    /// for clusters whose tokens name no node (before Kubernetes 1.30), which reopens issue 20.
+    pub node_bound_tunnels: bool,
 }
 
 /// The shared state of the routes.
@@ -69,6 +74,7 @@ pub struct Server {
     objects: KubeObjects,
     request_header: Option<RequestHeader>,
     tunnels: Arc<Tunnels>,
+    node_bound_tunnels: bool,
 }
 
 /// Why the server could not start.
@@ -79,9 +85,10 @@ pub enum ServeError {
 }
 
 impl Server {
+    /// The server; `node_bound_tunnels`: see [`Config::node_bound_tunnels`].
     #[must_use]
-    pub fn new(client: kube::Client, request_header: Option<RequestHeader>) -> Arc<Server> {
-        Arc::new(Server { objects: KubeObjects(client.clone()), client, request_header, tunnels: Arc::default() })
+    pub fn new(client: kube::Client, request_header: Option<RequestHeader>, node_bound_tunnels: bool) -> Arc<Server> {
+        Arc::new(Server { objects: KubeObjects(client.clone()), client, request_header, tunnels: Arc::default(), node_bound_tunnels })
     }
 
     /// The routes (see the module docs).
@@ -101,7 +108,7 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         None => tlsserve::server_config(&config.cert_pem, &config.key_pem),
     }
     .map_err(ServeError::Tls)?;
-    let server = Server::new(config.client, config.request_header);
+    let server = Server::new(config.client, config.request_header, config.node_bound_tunnels);
     tlsserve::serve(listener, server.router(), Arc::new(tls), config.connections, shutdown).await;
     Ok(())
 }
@@ -143,6 +150,12 @@ async fn handle(State(st): State<Arc<Server>>, req: Request) -> Response {
     let attrs = authz::Attributes::of(&parts.method, &path);
     if let Err(e) = authz::check(&st.client, &user, &attrs).await {
         return e.into_response();
+    }
+    if st.node_bound_tunnels {
+        if let Err(e) = nodebound::check(&user, &attrs) {
+            tracing::warn!(user = user.name, path, "refused a node tunnel to a credential not bound to that node: {}", e.message);
+            return e.into_response();
+        }
     }
     tracing::debug!(user = user.name, method = %parts.method, path, "allowed");
     match route(&st, &mut parts, body, &path).await {

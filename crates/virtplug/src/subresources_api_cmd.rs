@@ -35,6 +35,14 @@ pub struct SubresourcesApiArgs {
     /// More names of the generated certificate (the Service's DNS names).
     #[arg(long)]
     tls_san: Vec<String>,
+    /// Accept a node's console tunnel (`nodes/NODE/tunnel`, `nodes/NODE/streams`) from any
+    /// credential RBAC allows, not only from one bound to NODE (the user extra
+    /// `authentication.kubernetes.io/node-name`). Only for clusters before Kubernetes 1.30, whose
+    /// pod tokens name no node. This reopens issue 20: the node agents share one role, so a
+    /// compromised agent on one node could open another node's tunnel and receive every console
+    /// and VNC session of that node's VMs.
+    #[arg(long)]
+    insecure_tunnels_from_any_node: bool,
 }
 
 pub async fn run(args: SubresourcesApiArgs) -> anyhow::Result<()> {
@@ -69,7 +77,19 @@ pub async fn run(args: SubresourcesApiArgs) -> anyhow::Result<()> {
         if request_header.is_some() { "trusted" } else { "none" }
     );
     let shutdown = CancellationToken::new();
-    let config = virtapi::Config { client, request_header, cert_pem, key_pem, connections: tlsserve::Limits::default() };
+    if args.insecure_tunnels_from_any_node {
+        tracing::warn!(
+            "--insecure-tunnels-from-any-node: a node's console tunnel is accepted from any credential RBAC allows, so any node agent can take another node's consoles"
+        );
+    }
+    let config = virtapi::Config {
+        client,
+        request_header,
+        cert_pem,
+        key_pem,
+        connections: tlsserve::Limits::default(),
+        node_bound_tunnels: !args.insecure_tunnels_from_any_node,
+    };
     let serving = tokio::spawn(virtapi::serve(config, listener, shutdown.clone()));
     let r = crate::serve::signals().await;
     shutdown.cancel();

@@ -113,13 +113,19 @@ async fn call(client: &kube::Client, method: &str, path: &str, body: Value) -> (
     (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
+/// The object of `kind` named `name` in deploy/`file`.
+fn manifest_object(file: &str, kind: &str, name: &str) -> Value {
+    let path = format!("{}/../../deploy/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let found = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name);
+    found.unwrap_or_else(|| panic!("{path} has no {kind} {name}"))
+}
+
 /// The ClusterRole users get the subresources through (deploy/50-subresources-api.yaml).
 fn edit_role() -> Value {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/50-subresources-api.yaml")).unwrap();
-    let role = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap())
-        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "virtplug-subresources-edit");
-    role.unwrap()
+    manifest_object("50-subresources-api.yaml", "ClusterRole", "virtplug-subresources-edit")
 }
 
 /// Starts `virtplug ARGS`, stderr to `DIR/NAME.log`; with `url_line`, waits (60 s) for the
@@ -229,6 +235,59 @@ impl Stack {
     async fn proxied(&self, user: &'static str) -> kube::Client {
         client_of(&self.aux, user, &self.url, &self.server_ca, Some(&self.fp.proxy), &as_user(user)).await
     }
+
+    /// A client of the component presenting the bearer token `token`.
+    async fn bearer(&self, name: &str, token: &str) -> kube::Client {
+        let auth = format!("Bearer {token}");
+        client_of(&self.aux, name, &self.url, &self.server_ca, None, &[("Authorization", auth.as_str())]).await
+    }
+
+    /// The node agents' identity as deploy/ makes it: namespace `virtplug`, ServiceAccount
+    /// `virtplug-node`, and its ClusterRole and ClusterRoleBinding from deploy/20-rbac.yaml (which
+    /// grant `nodes/tunnel` and `nodes/streams` of every node).
+    async fn agent_identity(&self) {
+        let dynamic = |group: &str, plural: &str| kube::api::ApiResource {
+            group: group.into(),
+            version: "v1".into(),
+            api_version: if group.is_empty() { "v1".into() } else { format!("{group}/v1") },
+            kind: String::new(),
+            plural: plural.into(),
+        };
+        let create = |api: Api<kube::api::DynamicObject>, obj: Value| async move {
+            api.create(&PostParams::default(), &serde_json::from_value(obj).unwrap()).await.unwrap();
+        };
+        create(Api::all_with(self.admin.clone(), &dynamic("", "namespaces")), json!({"metadata": {"name": "virtplug"}})).await;
+        let account = manifest_object("20-rbac.yaml", "ServiceAccount", "virtplug-node");
+        create(Api::namespaced_with(self.admin.clone(), "virtplug", &dynamic("", "serviceaccounts")), account).await;
+        let rbac = "rbac.authorization.k8s.io";
+        create(
+            Api::all_with(self.admin.clone(), &dynamic(rbac, "clusterroles")),
+            manifest_object("20-rbac.yaml", "ClusterRole", "virtplug-node"),
+        )
+        .await;
+        let binding = manifest_object("20-rbac.yaml", "ClusterRoleBinding", "virtplug-node");
+        create(Api::all_with(self.admin.clone(), &dynamic(rbac, "clusterrolebindings")), binding).await;
+    }
+
+    /// STAND-IN for the DaemonSet pod of `node` and the kubelet's projected token: a Pod
+    /// `virtplug-node-NODE` running as `virtplug-node` on `node`, and a token bound to it
+    /// (`serviceaccounts/token`, as the kubelet asks for the pod's projected volume).
+    async fn agent_pod_token(&self, node: &str) -> String {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("virtplug-node-{node}")},
+            "spec": {"serviceAccountName": "virtplug-node", "nodeName": node, "containers": [{"name": "node", "image": "virtplug:latest"}]}});
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(self.admin.clone(), "virtplug");
+        pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap()).await.unwrap();
+        self.mint(json!({"boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": format!("virtplug-node-{node}")}})).await
+    }
+
+    /// A `virtplug-node` token with `spec`.
+    async fn mint(&self, spec: Value) -> String {
+        let path = "/api/v1/namespaces/virtplug/serviceaccounts/virtplug-node/token";
+        let (code, answer) =
+            call(&self.admin, "POST", path, json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})).await;
+        assert_eq!(code, 201, "{answer}");
+        answer["status"]["token"].as_str().unwrap().to_owned()
+    }
 }
 
 fn as_user(user: &'static str) -> [(&'static str, &'static str); 2] {
@@ -242,6 +301,11 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
     let d = up.dir.path().to_owned();
     let kc = up.kubeconfig();
     let kc = kc.to_str().unwrap();
+    // The node agent's tunnel credential: a token bound to its pod on n1 (in a cluster, the
+    // DaemonSet pod's projected token), written where --tunnel-token-file reads it.
+    st.agent_identity().await;
+    let token_file = aux.join("node-n1.token");
+    std::fs::write(&token_file, st.agent_pod_token("n1").await).unwrap();
     // The controller, and a node agent whose console tunnel goes to the component.
     let (_controller, _) = spawn(aux, "controller", &["controller", "--kubeconfig", kc, "--health-listen", "127.0.0.1:0"], None);
     let (_node, _) = spawn(
@@ -264,6 +328,8 @@ async fn consoles_and_subresources_through_the_aggregated_api_with_front_proxy_a
             url,
             "--tunnel-ca",
             server_ca.to_str().unwrap(),
+            "--tunnel-token-file",
+            token_file.to_str().unwrap(),
         ],
         None,
     );
@@ -429,4 +495,112 @@ async fn concurrent_edits_are_all_kept_and_discovery_health_and_tokens_answer_as
     for i in 0..8 {
         assert!(names.contains(&format!("v{i}")), "volume v{i} lost: {names:?}");
     }
+}
+
+/// `GET` of `path` as an upgrade to `protocol` (a node tunnel or stream): the status code and
+/// the `Status` body of a refusal.
+async fn upgrade(client: &kube::Client, path: &str, protocol: &str) -> (u16, Value) {
+    let req = http::Request::get(path)
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, protocol)
+        .body(kube::client::Body::empty())
+        .unwrap();
+    let res = tokio::time::timeout(STEP, client.send(req)).await.expect("an answer to the upgrade within the deadline").unwrap();
+    let code = res.status().as_u16();
+    if code == 101 {
+        return (code, Value::Null);
+    }
+    let bytes =
+        tokio::time::timeout(STEP, res.into_body().collect()).await.expect("the refusal's body within the deadline").unwrap().to_bytes();
+    (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// Issue 20: node agents share one ServiceAccount, whose role grants the tunnel of every node, so
+/// RBAC alone let an agent on n2 take n1's tunnel and receive n1's consoles. The component now
+/// also asks for a credential bound to the node (`authentication.kubernetes.io/node-name`), by
+/// bearer token (TokenReview) and through the front proxy (`X-Remote-Extra-*`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_tunnel_is_accepted_only_from_a_credential_bound_to_that_node() {
+    use api::tunnel::{STREAM_UPGRADE, TUNNEL_UPGRADE};
+    let st = Stack::start().await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(st.admin.clone());
+    for n in ["n1", "n2"] {
+        nodes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": n}})).unwrap()).await.unwrap();
+    }
+    st.agent_identity().await;
+    let (on_n1, on_n2) = (st.agent_pod_token("n1").await, st.agent_pod_token("n2").await);
+    let node_bound = st.mint(json!({"boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": "n1"}})).await;
+    let unbound = st.mint(json!({})).await;
+    let kc: Value = serde_yaml::from_str(&std::fs::read_to_string(st.up.kubeconfig()).unwrap()).unwrap();
+    let admin_token = kc["users"][0]["user"]["token"].as_str().unwrap().to_owned();
+    let tunnel = "/apis/subresources.virtplug.io/v1/nodes/n1/tunnel";
+    let stream = "/apis/subresources.virtplug.io/v1/nodes/n1/streams/0123456789abcdef0123456789abcdef";
+    let fix = "a node's tunnel is accepted only from a token bound to that node: the node agent must present a token bound to a pod on node \"n1\" (the DaemonSet pod's projected ServiceAccount token, which names its node on Kubernetes 1.30 and later)";
+    let refusal = |user: &str, sub: &str, why: &str| {
+        format!("nodes.subresources.virtplug.io \"n1\" is forbidden: User \"{user}\" cannot get resource \"nodes/{sub}\" in API group \"subresources.virtplug.io\" at the cluster scope: {why}; {fix}")
+    };
+    let agent = "system:serviceaccount:virtplug:virtplug-node";
+
+    // The token of the agent's pod on n1, and one bound to Node n1 itself, open n1's tunnel.
+    for (name, token) in [("pod-n1", &on_n1), ("node-n1", &node_bound)] {
+        let (code, status) = upgrade(&st.bearer(name, token).await, tunnel, TUNNEL_UPGRADE).await;
+        assert_eq!(code, 101, "{name}: {status}");
+    }
+    // The same role, but the token of the pod on n2, of no pod, or the administrator's: 403,
+    // saying what the agent must present.
+    for (name, token, user, why) in [
+        ("pod-n2", &on_n2, agent, "the credential is bound to node \"n2\", not \"n1\""),
+        ("unbound", &unbound, agent, "the credential is bound to no node (it has no authentication.kubernetes.io/node-name extra)"),
+        (
+            "admin",
+            &admin_token,
+            "virtplug-admin",
+            "the credential is bound to no node (it has no authentication.kubernetes.io/node-name extra)",
+        ),
+    ] {
+        let c = st.bearer(name, token).await;
+        let (code, status) = upgrade(&c, tunnel, TUNNEL_UPGRADE).await;
+        assert_eq!((code, status["reason"].as_str()), (403, Some("Forbidden")), "{name}: {status}");
+        assert_eq!(status["message"].as_str(), Some(refusal(user, "tunnel", why).as_str()), "{name}");
+        // Streams too: a stream id read elsewhere does not let another node's agent attach it.
+        let (code, status) = upgrade(&c, stream, STREAM_UPGRADE).await;
+        assert_eq!(code, 403, "{name}'s stream: {status}");
+        assert_eq!(status["message"].as_str(), Some(refusal(user, "streams", why).as_str()), "{name}'s stream");
+    }
+    // n1's own token passes the check for a stream (and then finds no stream waiting).
+    let (code, status) = upgrade(&st.bearer("pod-n1", &on_n1).await, stream, STREAM_UPGRADE).await;
+    assert_eq!(code, 404, "{status}");
+
+    // Through the front proxy, as kube-aggregator forwards the agent's token's extras.
+    let proxied = |node: &'static str| {
+        let st = &st;
+        async move {
+            let headers = [
+                ("X-Remote-User", agent),
+                ("X-Remote-Group", "system:serviceaccounts"),
+                ("X-Remote-Group", "system:serviceaccounts:virtplug"),
+                ("X-Remote-Group", "system:authenticated"),
+                ("X-Remote-Extra-Authentication.kubernetes.io%2Fnode-name", node),
+            ];
+            client_of(&st.aux, &format!("proxied-{node}"), &st.url, &st.server_ca, Some(&st.fp.proxy), &headers).await
+        }
+    };
+    let (code, status) = upgrade(&proxied("n1").await, tunnel, TUNNEL_UPGRADE).await;
+    assert_eq!(code, 101, "the front proxy naming n1: {status}");
+    let (code, status) = upgrade(&proxied("n2").await, tunnel, TUNNEL_UPGRADE).await;
+    assert_eq!(code, 403, "the front proxy naming n2: {status}");
+    assert_eq!(status["message"].as_str(), Some(refusal(agent, "tunnel", "the credential is bound to node \"n2\", not \"n1\"").as_str()));
+
+    // The pod's token goes with its pod: once deleted, nobody (401).
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(st.admin.clone(), "virtplug");
+    pods.delete("virtplug-node-n1", &kube::api::DeleteParams::default()).await.unwrap();
+    common::wait_until(STEP, "the deleted pod's token refused (401)", || {
+        let st = &st;
+        let on_n1 = on_n1.clone();
+        async move {
+            let (code, _) = upgrade(&st.bearer("pod-n1-deleted", &on_n1).await, tunnel, TUNNEL_UPGRADE).await;
+            (code == 401).then_some(())
+        }
+    })
+    .await;
 }
