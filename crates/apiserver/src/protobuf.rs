@@ -44,6 +44,15 @@ pub const ACCEPTED: &str = "application/json, application/yaml, application/vnd.
 /// 400 for a body that is not a Kubernetes protobuf envelope or whose object is malformed;
 /// 415 for a kind this server does not decode from protobuf.
 pub fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
+    decode_object_with(body, |group, kind| crate::registry::by_kind(group, kind).and_then(crate::registry::ResourceDef::protobuf))
+}
+
+/// [`decode_object`] with the message of a kind found by `find` (group, kind): for a body that
+/// is no stored kind's, such as a subresource's (`TokenRequest`).
+///
+/// # Errors
+/// As [`decode_object`], with 415 where `find` knows no message.
+pub fn decode_object_with(body: &[u8], find: impl Fn(&str, &str) -> Option<&'static message::Message>) -> Result<Value, ApiError> {
     let envelope = body
         .strip_prefix(MAGIC)
         .ok_or_else(|| ApiError::bad_request("the protobuf body does not start with the Kubernetes magic bytes k8s\\0"))?;
@@ -68,8 +77,7 @@ pub fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
         return Err(ApiError::unsupported_media(format!("the protobuf body uses contentEncoding {encoding:?}; send it unencoded")));
     }
     let (group, _version) = api_version.rsplit_once('/').unwrap_or(("", api_version.as_str()));
-    let decoder = crate::registry::by_kind(group, &kind).and_then(crate::registry::ResourceDef::protobuf);
-    let Some(decode) = decoder else {
+    let Some(decode) = find(group, &kind) else {
         return Err(ApiError::unsupported_media(format!(
             "the body of the request was in an unknown format (application/vnd.kubernetes.protobuf for {kind:?} of {api_version:?}) \
              - accepted media types include: {ACCEPTED}"

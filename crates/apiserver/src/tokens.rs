@@ -28,8 +28,7 @@
 //! - Tokens are kept in memory: a restart of the server forgets them (kube-apiserver's are signed
 //!   JWTs that outlive it; a holder here requests a new one, as the kubelet does before expiry).
 //! - They are opaque, not JWTs: only this server's `TokenReview` can tell who holds one.
-//! - The request body is JSON (what `kubectl create token` sends), not protobuf; `dryRun` is not
-//!   read (every request mints).
+//! - `dryRun` is not read (every request mints).
 //! - They authenticate only through `TokenReview`: this server's own API still answers only its
 //!   one credential, the kubeconfig's token (it has one identity and authorizes nothing else).
 //! - Only that credential's holder, an administrator, can mint them, so their number is bounded
@@ -48,6 +47,7 @@ use api::validation::{Cause, CauseType};
 
 use crate::call::Call;
 use crate::objects::Objects;
+use crate::protobuf::message::{f, ptr, rep, Message, Ty, OBJECT_META};
 use crate::registry;
 use crate::status::ApiError;
 
@@ -67,6 +67,24 @@ pub const POD_NAME_KEY: &str = "authentication.kubernetes.io/pod-name";
 pub const POD_UID_KEY: &str = "authentication.kubernetes.io/pod-uid";
 pub const NODE_NAME_KEY: &str = "authentication.kubernetes.io/node-name";
 pub const NODE_UID_KEY: &str = "authentication.kubernetes.io/node-uid";
+
+/// `TokenRequest` in protobuf (k8s.io/api/authentication/v1 generated.proto), as `kubectl create
+/// token` sends it; the status (3) is the server's.
+static BOUND_OBJECT_REFERENCE: Message = Message {
+    name: "BoundObjectReference",
+    fields: &[f(1, "kind", Ty::Str), f(2, "apiVersion", Ty::Str), f(3, "name", Ty::Str), f(4, "uid", Ty::Str)],
+    skip: &[],
+};
+static TOKEN_REQUEST_SPEC: Message = Message {
+    name: "TokenRequestSpec",
+    fields: &[rep(1, "audiences", Ty::Str), f(3, "boundObjectRef", Ty::Msg(&BOUND_OBJECT_REFERENCE)), ptr(4, "expirationSeconds", Ty::Int)],
+    skip: &[],
+};
+static TOKEN_REQUEST: Message = Message {
+    name: "TokenRequest",
+    fields: &[f(1, "metadata", Ty::Msg(&OBJECT_META)), f(2, "spec", Ty::Msg(&TOKEN_REQUEST_SPEC))],
+    skip: &[3],
+};
 
 /// What a token can be bound to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -371,11 +389,16 @@ fn check(objects: &Objects, m: &Minted, audiences: &[String], now: Timestamp) ->
 /// `TokenRequest` and its token.
 ///
 /// # Errors
-/// 400 for a body that is not JSON, and those of [`Tokens::mint`].
+/// 400 for a body that is neither JSON nor a protobuf `TokenRequest`, and those of [`Tokens::mint`].
 pub async fn request(mut c: Call<'_>) -> Result<Response, ApiError> {
     let body = c.body().await?;
-    let body: Value =
-        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the TokenRequest body is not valid JSON: {e}")))?;
+    let media = c.header(axum::http::header::CONTENT_TYPE).split(';').next().unwrap_or("").trim();
+    let body: Value = if crate::protobuf::is_protobuf(media) {
+        let find = |group: &str, kind: &str| (group == "authentication.k8s.io" && kind == "TokenRequest").then_some(&TOKEN_REQUEST);
+        crate::protobuf::decode_object_with(&body, find)?
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the TokenRequest body is not valid JSON: {e}")))?
+    };
     if body.get("kind").and_then(Value::as_str).is_some_and(|k| k != "TokenRequest") {
         return Err(ApiError::bad_request(format!(
             "the body of serviceaccounts/token must be a TokenRequest, not a {}",

@@ -270,14 +270,16 @@ impl Stack {
     }
 
     /// STAND-IN for the DaemonSet pod of `node` and the kubelet's projected token: a Pod
-    /// `virtplug-node-NODE` running as `virtplug-node` on `node`, and a token bound to it
-    /// (`serviceaccounts/token`, as the kubelet asks for the pod's projected volume).
+    /// `virtplug-node-NODE` running as `virtplug-node` on `node`, and a token bound to it, asked
+    /// by real `kubectl create token` (a protobuf `TokenRequest` to `serviceaccounts/token`).
     async fn agent_pod_token(&self, node: &str) -> String {
-        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("virtplug-node-{node}")},
+        let name = format!("virtplug-node-{node}");
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"serviceAccountName": "virtplug-node", "nodeName": node, "containers": [{"name": "node", "image": "virtplug:latest"}]}});
         let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(self.admin.clone(), "virtplug");
         pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap()).await.unwrap();
-        self.mint(json!({"boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": format!("virtplug-node-{node}")}})).await
+        let args = ["create", "token", "virtplug-node", "-n", "virtplug", "--bound-object-kind", "Pod", "--bound-object-name", &name];
+        self.up.kubectl(&args).trim().to_owned()
     }
 
     /// A `virtplug-node` token with `spec`.
