@@ -225,7 +225,7 @@ pub struct NodeArgs {
     #[arg(long, default_value = "/var/lib/kubelet/pods")]
     kubelet_pods_dir: PathBuf,
     /// Open the console tunnel to this `virtplug subresources-api` (https://HOST:PORT) with the
-    /// kubeconfig's credentials, instead of to the kubeconfig's server (which is right for
+    /// kubeconfig's credentials (or --tunnel-token-file's), instead of to the kubeconfig's server (which is right for
     /// `virtplug apiserver`, or for a kube-apiserver with the subresources.virtplug.io
     /// APIService).
     #[arg(long)]
