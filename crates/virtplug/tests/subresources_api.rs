@@ -7,7 +7,10 @@
 //! holds kube-system/extension-apiserver-authentication, written by the test as kube-apiserver
 //! would from its `--requestheader-*` flags); the test plays kube-aggregator's proxy: it has its
 //! own front-proxy CA and presents that CA's client certificate (CN `front-proxy-client`) with
-//! `X-Remote-User`/`X-Remote-Group` headers, as kube-aggregator does for each user it proxies.
+//! `X-Remote-User`/`X-Remote-Group` headers, as kube-aggregator does for each user it proxies;
+//! the node agent's DaemonSet pod is a Pod object on its node, and its projected token one that
+//! `kubectl create token --bound-object-kind Pod` mints from `virtplug apiserver`, handed to the
+//! agent with `--tunnel-token-file` (in a cluster, the in-cluster config reads the kubelet's).
 //! Real: the component, `virtplug controller` and `virtplug node` as their own processes on
 //! loopback (the agent's console tunnel opened to the component with `--tunnel-server`), QEMU
 //! under TCG with the test guest, the RBAC role users get from deploy/50-subresources-api.yaml.
