@@ -64,7 +64,7 @@ pub struct Config {
     pub key_pem: String,
     pub connections: tlsserve::Limits,
     /// Whether a node's tunnel needs a credential bound to that node ([`nodebound`]); off only
-    /// for clusters whose tokens name no node (before Kubernetes 1.30), which reopens issue 20.
+    /// for clusters whose tokens name no node (before Kubernetes 1.30): then any agent may open any node's tunnel.
     pub node_bound_tunnels: bool,
 }
 

@@ -38,7 +38,7 @@ pub struct SubresourcesApiArgs {
     /// Accept a node's console tunnel (`nodes/NODE/tunnel`, `nodes/NODE/streams`) from any
     /// credential RBAC allows, not only from one bound to NODE (the user extra
     /// `authentication.kubernetes.io/node-name`). Only for clusters before Kubernetes 1.30, whose
-    /// pod tokens name no node. This reopens issue 20: the node agents share one role, so a
+    /// pod tokens name no node. It reopens what the check closes: the node agents share one role, so a
     /// compromised agent on one node could open another node's tunnel and receive every console
     /// and VNC session of that node's VMs.
     #[arg(long)]
