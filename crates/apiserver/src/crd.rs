@@ -436,12 +436,11 @@ pub async fn reconcile_all(objects: &Objects) {
 pub async fn run(objects: Objects) {
     let Some(def) = crd_def() else { return };
     let prefix = def.prefix(None);
-    let mut rx = match objects.store.watch(objects.store.revision()) {
-        Ok((_, rx)) => rx,
-        Err(e) => {
-            tracing::error!("the CRD task cannot follow the store: {e}");
-            return;
-        }
+    // A CRD's own changes, and deletions (an object of a terminating CRD may have been its
+    // last); no other write wakes this task.
+    let mut rx = {
+        let prefix = prefix.clone();
+        objects.store.subscribe(move |e| e.kind == EventType::Deleted || e.key.starts_with(&prefix))
     };
     reconcile_all(&objects).await;
     loop {

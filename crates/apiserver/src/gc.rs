@@ -3,8 +3,9 @@
 //! do.
 //!
 //! # Flow
-//! A task listens to the store's events. After a deletion, or a change to an object that is
-//! being deleted, it drains what else is queued and runs one sweep over all objects:
+//! A task subscribes to the store's deletions and changes to objects being deleted ([`wants`];
+//! other writes do not wake it). After one, it drains what else is queued and runs one sweep over
+//! all objects:
 //! - an object whose owners are all gone is deleted (background cascade);
 //! - dependents of an owner being deleted with `foregroundDeletion` are deleted, and the
 //!   finalizer is removed once none remain;
@@ -31,7 +32,7 @@ use tokio::sync::broadcast;
 use crate::objects::{DeleteOptions, Objects, Part};
 use crate::patch::PatchKind;
 use crate::registry;
-use crate::store::EventType;
+use crate::store::{Event, EventType};
 
 fn uid(o: &Value) -> Option<&str> {
     o.pointer("/metadata/uid").and_then(Value::as_str)
@@ -52,7 +53,7 @@ fn deleting_with(o: &Value, finalizer: &str) -> bool {
 /// Runs the collector until the store closes. With `event_ttl`, Events last seen longer ago
 /// are deleted at start and then every [`ttl::period`].
 pub async fn run(objects: Objects, event_ttl: Option<Duration>) {
-    let mut rx = objects.store.watch(objects.store.revision()).map(|(_, rx)| rx).ok();
+    let mut rx = objects.store.subscribe(wants);
     survive("a sweep", settle(&objects)).await;
     let mut expiry = event_ttl.map(|ttl| {
         let period = ttl::period(ttl);
@@ -63,9 +64,7 @@ pub async fn run(objects: Objects, event_ttl: Option<Duration>) {
     if let Some((ttl, _)) = &expiry {
         survive("Event expiry", ttl::expire(&objects, *ttl)).await;
     }
-    let Some(rx) = rx.as_mut() else { return };
     loop {
-        let mut relevant = false;
         let tick = async {
             match expiry.as_mut() {
                 Some((ttl, timer)) => {
@@ -80,24 +79,21 @@ pub async fn run(objects: Objects, event_ttl: Option<Duration>) {
                 survive("Event expiry", ttl::expire(&objects, ttl)).await;
                 continue;
             }
-            r = rx.recv() => match r {
-                Ok(e) => relevant |= e.kind == EventType::Deleted || e.object.mentions("\"deletionTimestamp\""),
-                Err(broadcast::error::RecvError::Lagged(_)) => relevant = true,
-                Err(broadcast::error::RecvError::Closed) => return,
+            r = rx.recv() => if let Err(broadcast::error::RecvError::Closed) = r {
+                return;
             },
         }
-        // Coalesce whatever else is queued into the same sweep.
-        loop {
-            match rx.try_recv() {
-                Ok(e) => relevant |= e.kind == EventType::Deleted || e.object.mentions("\"deletionTimestamp\""),
-                Err(broadcast::error::TryRecvError::Lagged(_)) => relevant = true,
-                Err(_) => break,
-            }
-        }
-        if relevant {
-            survive("a sweep", settle(&objects)).await;
-        }
+        // Coalesce whatever else is queued into the same sweep (a lag means a sweep too).
+        while !matches!(rx.try_recv(), Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)) {}
+        survive("a sweep", settle(&objects)).await;
     }
+}
+
+/// The events that may leave work for a sweep: a deletion, or a change to an object that is
+/// being deleted (the byte check may also pass an object that merely mentions the word: one
+/// sweep too many, never one too few).
+fn wants(e: &Event) -> bool {
+    e.kind == EventType::Deleted || e.object.mentions("\"deletionTimestamp\"")
 }
 
 /// Runs one pass of the collector; a panic that escaped the per-object guards is logged and

@@ -159,6 +159,14 @@ struct State {
     log: VecDeque<Event>,
     /// The oldest revision a watch may start from (events after it are all in `log`).
     oldest: u64,
+    /// [`Store::subscribe`]'s channels.
+    subscriptions: Vec<Subscription>,
+}
+
+/// A channel of the events its task wants ([`Store::subscribe`]).
+struct Subscription {
+    wants: Box<dyn Fn(&Event) -> bool + Send + Sync>,
+    tx: broadcast::Sender<Event>,
 }
 
 /// Tunables.
@@ -189,6 +197,8 @@ pub struct Store {
     state: Arc<RwLock<State>>,
     writer: mpsc::Sender<Write>,
     events: broadcast::Sender<Event>,
+    /// The capacity of every event channel (`StoreConfig::broadcast_capacity`).
+    capacity: usize,
     /// Why the writer thread stopped, once it has (see [`Store::writer_stopped`]).
     writer_exit: tokio::sync::watch::Receiver<Option<String>>,
 }
@@ -249,7 +259,7 @@ impl Store {
             }
         }
         let oldest = log.front().map_or(revision, |e| e.rv.saturating_sub(1));
-        let state = Arc::new(RwLock::new(State { objects, revision, log, oldest }));
+        let state = Arc::new(RwLock::new(State { objects, revision, log, oldest, subscriptions: Vec::new() }));
         let (events, _) = broadcast::channel(config.broadcast_capacity);
         let (tx, rx) = mpsc::channel::<Write>();
         let writer = Writer {
@@ -265,7 +275,7 @@ impl Store {
             .name("store-writer".into())
             .spawn(move || crate::health::supervise_thread(crate::health::STORE_WRITER, &exit, || writer.run(&rx)))
             .map_err(StoreError::Thread)?;
-        Ok(Store { state, writer: tx, events, writer_exit })
+        Ok(Store { state, writer: tx, events, capacity: config.broadcast_capacity, writer_exit })
     }
 
     /// Applies one compare-and-swap write and returns its event once it is durable.
@@ -332,6 +342,19 @@ impl Store {
         }
         let backlog = st.log.iter().filter(|e| e.rv > from).cloned().collect();
         Ok((backlog, rx))
+    }
+
+    /// The events committed from now on that `wants` passes, for the server's own tasks that act
+    /// on few of them (the garbage collector, the CRD establisher). A write none of them wants
+    /// wakes none of them: on a server with one writer at a time, every task woken per write is
+    /// a thread wake-up on the write's path. A receiver that falls more than the broadcast
+    /// capacity behind gets `Lagged`, as a [`Store::watch`] does.
+    pub fn subscribe(&self, wants: impl Fn(&Event) -> bool + Send + Sync + 'static) -> broadcast::Receiver<Event> {
+        let (tx, rx) = broadcast::channel(self.capacity);
+        // Under the write lock: the writer publishes under it, so every later event is seen.
+        let mut st = self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        st.subscriptions.push(Subscription { wants: Box::new(wants), tx });
+        rx
     }
 
     /// Resolves with the reason once the writer thread has stopped (a panic outside a batch, or a
@@ -474,7 +497,11 @@ impl Writer {
             st.log.push_back(event.clone());
             // No receiver is not an error: nobody is watching.
             let _ = self.events.send(event.clone());
+            for sub in st.subscriptions.iter().filter(|s| (s.wants)(event)) {
+                let _ = sub.tx.send(event.clone());
+            }
         }
+        st.subscriptions.retain(|s| s.tx.receiver_count() > 0);
         st.revision = revision;
         while st.log.len() > self.window {
             if let Some(e) = st.log.pop_front() {
@@ -573,6 +600,27 @@ mod tests {
         assert!(s.get("b").is_none());
         let (backlog, _) = s.watch(1).unwrap();
         assert_eq!(backlog.iter().map(|e| (e.rv, e.kind)).collect::<Vec<_>>(), [(2, EventType::Added), (3, EventType::Deleted)]);
+    }
+
+    #[tokio::test]
+    async fn a_subscription_gets_the_events_it_wants_in_order_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("s.db"), &StoreConfig::default()).unwrap();
+        s.write(Op::Create { key: "a/before".into(), object: obj("x") }).await.unwrap();
+        let mut rx = s.subscribe(|e| e.key.starts_with("a/") || e.kind == EventType::Deleted);
+        let dropped = s.subscribe(|_| true);
+        drop(dropped);
+        let b = s.write(Op::Create { key: "b/1".into(), object: obj("x") }).await.unwrap();
+        s.write(Op::Create { key: "a/1".into(), object: obj("x") }).await.unwrap();
+        s.write(Op::Update { key: "b/1".into(), expected: b.rv, object: obj("y") }).await.unwrap();
+        let gone = s.get("b/1").unwrap().rv;
+        s.write(Op::Delete { key: "b/1".into(), expected: gone }).await.unwrap();
+        let mut got = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            got.push((e.key, e.kind));
+        }
+        assert_eq!(got, [("a/1".to_owned(), EventType::Added), ("b/1".to_owned(), EventType::Deleted)], "not b's create or update, nor what came before");
+        assert_eq!(s.read().subscriptions.len(), 1, "a dropped subscription's channel is let go at the next write");
     }
 
     #[tokio::test]
