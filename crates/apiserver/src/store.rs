@@ -619,7 +619,11 @@ mod tests {
         while let Ok(e) = rx.try_recv() {
             got.push((e.key, e.kind));
         }
-        assert_eq!(got, [("a/1".to_owned(), EventType::Added), ("b/1".to_owned(), EventType::Deleted)], "not b's create or update, nor what came before");
+        assert_eq!(
+            got,
+            [("a/1".to_owned(), EventType::Added), ("b/1".to_owned(), EventType::Deleted)],
+            "not b's create or update, nor what came before"
+        );
         assert_eq!(s.read().subscriptions.len(), 1, "a dropped subscription's channel is let go at the next write");
     }
 
