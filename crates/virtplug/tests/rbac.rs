@@ -198,6 +198,43 @@ const BUILTIN: [(&str, [&str; 3]); 3] = [
     ("virtplug-subresources-api", ["", "configmaps", "get"]),
 ];
 
+/// STAND-IN for a node agent's credential: a token of the `default` ServiceAccount bound to Node
+/// `node`, which a test ClusterRole lets open node tunnels (the test's own requests, not a
+/// component's: deploy/20-rbac.yaml's node role is what the agent's are checked against).
+async fn node_bound_token(client: &kube::Client, node: &str) -> String {
+    let send = |path: &str, body: Value| {
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(body.to_string().into_bytes())
+            .unwrap();
+        let client = client.clone();
+        async move { client.request::<Value>(req).await.unwrap() }
+    };
+    let rbac = "/apis/rbac.authorization.k8s.io/v1";
+    send(
+        &format!("{rbac}/clusterroles"),
+        json!({"metadata": {"name": "rbac-test-tunnels"},
+            "rules": [{"apiGroups": ["subresources.virtplug.io"], "resources": ["nodes/tunnel"], "verbs": ["get"]}]}),
+    )
+    .await;
+    send(
+        &format!("{rbac}/clusterrolebindings"),
+        json!({"metadata": {"name": "rbac-test-tunnels"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "rbac-test-tunnels"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "default"}]}),
+    )
+    .await;
+    let answer = send(
+        "/api/v1/namespaces/default/serviceaccounts/default/token",
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": node}}}),
+    )
+    .await;
+    answer["status"]["token"].as_str().unwrap().to_owned()
+}
+
 /// Starts `virtplug subresources-api` against the API server and waits (60 s) for its URL.
 fn subresources_api(dir: &Path, kubeconfig: &str) -> (Proc, String) {
     let certs = dir.join("virtapi");
@@ -275,7 +312,7 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
         Some(&kubeconfig),
         TEST_AGENT,
         client::Retries::Default,
-        client::Elsewhere { server: Some(virtapi_url.parse().unwrap()), roots: Some(virtapi_ca), token_file: None },
+        client::Elsewhere { server: Some(virtapi_url.parse().unwrap()), roots: Some(virtapi_ca.clone()), token_file: None },
     )
     .await
     .unwrap();
@@ -397,9 +434,20 @@ async fn the_cluster_roles_grant_exactly_what_the_components_call() {
     .await;
     drop(ws);
     // The subresources API reads the Node of an agent's tunnel (STAND-IN: the test opens one as
-    // an agent would; the real agent's goes to the API server here).
+    // an agent would, with a token bound to Node rbac-node, the only kind of credential a node's
+    // tunnel takes there; the real agent's goes to the API server here).
+    let token_file = d.join("rbac-node.token");
+    std::fs::write(&token_file, node_bound_token(&client, "rbac-node").await).unwrap();
+    let as_node = client::connect_to(
+        Some(&kubeconfig),
+        TEST_AGENT,
+        client::Retries::Default,
+        client::Elsewhere { server: Some(virtapi_url.parse().unwrap()), roots: Some(virtapi_ca), token_file: Some(token_file) },
+    )
+    .await
+    .unwrap();
     let tunnel = "/apis/subresources.virtplug.io/v1/nodes/rbac-node/tunnel";
-    drop(client::upgrade::raw(&virtapi, tunnel, api::tunnel::TUNNEL_UPGRADE).await.unwrap());
+    drop(client::upgrade::raw(&as_node, tunnel, api::tunnel::TUNNEL_UPGRADE).await.unwrap());
     // A restart writes the VM's status, a pause the VMI: checked and authorized in full, not
     // carried out (dryRun, which kube-apiserver authorizes as the write itself).
     put("restart", json!({"dryRun": ["All"]})).await;
