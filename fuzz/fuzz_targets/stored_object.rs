@@ -344,6 +344,7 @@ async fn run(input: Value) {
         kubevirt_subresources: true,
         tunnels: Arc::default(),
         token: None,
+        tokens: apiserver::tokens::Tokens::default(),
     };
     let api = Api { router: axum::Router::new().fallback(apiserver::routes::dispatch).with_state(Arc::new(state)) };
 
