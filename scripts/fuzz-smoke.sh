@@ -28,13 +28,16 @@ TARGETS="api_body:json api_patch:json api_query:query qemu_cmdline:json mountinf
 SECONDS_EACH=6
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
+# What a target leaves in the temp dir (qmp_reply's socket dir lives in a static, which is never
+# dropped) goes with the scratch dir.
+mkdir -p "$scratch/tmp"
 for entry in $TARGETS; do
   target=${entry%%:*}
   dict=${entry##*:}
   mkdir -p "$scratch/$target" "artifacts/$target"
   echo "fuzz-smoke: $target ($(ls "corpus/$target" | wc -l) corpus inputs + ${SECONDS_EACH}s)"
   # New inputs go to the scratch dir: the committed corpus is only read.
-  if ! cargo fuzz run -s none --target-dir "$target_dir" "$target" "$scratch/$target" "corpus/$target" -- \
+  if ! TMPDIR="$scratch/tmp" cargo fuzz run -s none --target-dir "$target_dir" "$target" "$scratch/$target" "corpus/$target" -- \
     -dict="dict/$dict.dict" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     >"$scratch/$target.log" 2>&1; then
     tail -n 60 "$scratch/$target.log" >&2
