@@ -51,7 +51,8 @@ pub struct Subject<'a> {
     pub groups: &'a [String],
 }
 
-fn strings(v: &Value, key: &str) -> Vec<String> {
+/// The strings of the array `v[key]` (none when it is missing or not an array).
+pub(super) fn strings(v: &Value, key: &str) -> Vec<String> {
     v.get(key).and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect()).unwrap_or_default()
 }
 

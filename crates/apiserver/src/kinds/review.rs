@@ -130,14 +130,7 @@ fn subject_access(cx: &Context<'_>, mut review: Value) -> Result<Value, Vec<Caus
     one_of_attributes(&review)?;
     let s = |p: &str| review.pointer(p).and_then(Value::as_str).unwrap_or("");
     let user = s("/spec/user");
-    let groups: Vec<String> = review
-        .pointer("/spec/groups")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(str::to_owned)
-        .collect();
+    let groups = super::rbac::strings(&review["spec"], "groups");
     if user.is_empty() && groups.is_empty() {
         return Err(vec![Cause::new(CauseType::Required, "spec.user", "at least one of user or group must be specified")]);
     }
@@ -165,14 +158,7 @@ fn token(cx: &Context<'_>, mut review: Value) -> Result<Value, Vec<Cause>> {
     }
     // Constant time for tokens of the right length, as the router's check.
     let admin = cx.token.is_some_and(|t| bool::from(subtle::ConstantTimeEq::ct_eq(t.as_bytes(), given.as_bytes())));
-    let audiences: Vec<String> = review
-        .pointer("/spec/audiences")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(str::to_owned)
-        .collect();
+    let audiences = super::rbac::strings(&review["spec"], "audiences");
     review["status"] = if admin {
         json!({"authenticated": true, "user": {"username": ADMIN_USER, "groups": ADMIN_GROUPS}})
     } else {
