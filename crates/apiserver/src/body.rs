@@ -29,9 +29,24 @@ use crate::status::ApiError;
 /// 400 for an empty body, a body that does not parse, is not an object, or (YAML) expands past
 /// the limits.
 pub fn parse_object(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
+    parse_object_with(content_type, body, |group, kind| {
+        crate::registry::by_kind(group, kind).and_then(crate::registry::ResourceDef::protobuf)
+    })
+}
+
+/// [`parse_object`] for a body that is no stored kind's (a subresource's, such as
+/// `TokenRequest`): protobuf is decoded with the message `find` gives for its group and kind.
+///
+/// # Errors
+/// As [`parse_object`].
+pub fn parse_object_with(
+    content_type: &str,
+    body: &[u8],
+    find: impl Fn(&str, &str) -> Option<&'static crate::protobuf::message::Message>,
+) -> Result<Value, ApiError> {
     let media = content_type.split(';').next().unwrap_or("").trim();
     if crate::protobuf::is_protobuf(media) {
-        return crate::protobuf::decode_object(body);
+        return crate::protobuf::decode_object(body, find);
     }
     if media.contains("protobuf") || media.contains("cbor") {
         return Err(ApiError::unsupported_media(format!(

@@ -38,21 +38,14 @@ pub fn is_protobuf(media_type: &str) -> bool {
 /// The media types objects can be sent in, for 415 messages.
 pub const ACCEPTED: &str = "application/json, application/yaml, application/vnd.kubernetes.protobuf (the core kinds kubectl creates)";
 
-/// Decodes a protobuf body into the JSON object of its kind.
+/// Decodes a protobuf body into the JSON object of its kind, with the message `find` gives for
+/// the envelope's group and kind (a stored kind's, or a subresource body's such as
+/// `TokenRequest`: see [`crate::body::parse_object_with`]).
 ///
 /// # Errors
 /// 400 for a body that is not a Kubernetes protobuf envelope or whose object is malformed;
-/// 415 for a kind this server does not decode from protobuf.
-pub fn decode_object(body: &[u8]) -> Result<Value, ApiError> {
-    decode_object_with(body, |group, kind| crate::registry::by_kind(group, kind).and_then(crate::registry::ResourceDef::protobuf))
-}
-
-/// [`decode_object`] with the message of a kind found by `find` (group, kind): for a body that
-/// is no stored kind's, such as a subresource's (`TokenRequest`).
-///
-/// # Errors
-/// As [`decode_object`], with 415 where `find` knows no message.
-pub fn decode_object_with(body: &[u8], find: impl Fn(&str, &str) -> Option<&'static message::Message>) -> Result<Value, ApiError> {
+/// 415 for a kind `find` knows no message for.
+pub fn decode_object(body: &[u8], find: impl Fn(&str, &str) -> Option<&'static message::Message>) -> Result<Value, ApiError> {
     let envelope = body
         .strip_prefix(MAGIC)
         .ok_or_else(|| ApiError::bad_request("the protobuf body does not start with the Kubernetes magic bytes k8s\\0"))?;

@@ -392,13 +392,8 @@ fn check(objects: &Objects, m: &Minted, audiences: &[String], now: Timestamp) ->
 /// 400 for a body that is neither JSON nor a protobuf `TokenRequest`, and those of [`Tokens::mint`].
 pub async fn request(mut c: Call<'_>) -> Result<Response, ApiError> {
     let body = c.body().await?;
-    let media = c.header(axum::http::header::CONTENT_TYPE).split(';').next().unwrap_or("").trim();
-    let body: Value = if crate::protobuf::is_protobuf(media) {
-        let find = |group: &str, kind: &str| (group == "authentication.k8s.io" && kind == "TokenRequest").then_some(&TOKEN_REQUEST);
-        crate::protobuf::decode_object_with(&body, find)?
-    } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("the TokenRequest body is not valid JSON: {e}")))?
-    };
+    let find = |group: &str, kind: &str| (group == "authentication.k8s.io" && kind == "TokenRequest").then_some(&TOKEN_REQUEST);
+    let body = crate::body::parse_object_with(c.header(axum::http::header::CONTENT_TYPE), &body, find)?;
     if body.get("kind").and_then(Value::as_str).is_some_and(|k| k != "TokenRequest") {
         return Err(ApiError::bad_request(format!(
             "the body of serviceaccounts/token must be a TokenRequest, not a {}",
