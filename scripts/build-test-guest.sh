@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${VIRTPLUG_GUEST_DIR:-$PWD/.cache/guest}
-obs_target=$PWD/target/guest-observer
+obs_target=${CARGO_TARGET_DIR:-$PWD/target}/guest-observer
 RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" CARGO_TARGET_DIR=$obs_target \
   cargo build -q --release --locked -p vp-guest-observer
 observer=$obs_target/release/vp-observer

@@ -25,5 +25,5 @@ else
   cargo test --workspace --no-fail-fast
 fi
 # -rP: the Redfish validators' pass/warn/fail counts (their tests print them) show in the summary.
-VIRTPLUG_BIN="$PWD/target/debug/virtplug" .venv/bin/pytest -q -rP tests/python
+VIRTPLUG_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/virtplug" .venv/bin/pytest -q -rP tests/python
 ./scripts/fuzz-smoke.sh
