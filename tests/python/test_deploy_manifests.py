@@ -187,3 +187,24 @@ def test_the_containerfile_has_its_stages():
     # The runtime image gets the stripped binary, never the debug file.
     assert "COPY --from=binary /out/virtplug /usr/local/bin/virtplug" in body["runtime"] and ".debug" not in body["runtime"]
 
+
+def test_the_image_script_builds_the_runtime_stage_from_a_prebuilt_binary():
+    """scripts/build-image.sh (no registry: a debootstrap base, a host-built binary) strips the
+    binary with the builder stage's objcopy steps and builds `runtime` with the prebuilt stage."""
+    script = (ROOT / "scripts" / "build-image.sh").read_text()
+    containerfile = (ROOT / "Containerfile").read_text()
+
+    def objcopy_flags(text):
+        return [re.findall(r"--[\w-]+", line) for line in re.findall(r"^[\s&]*objcopy (--.*)$", text, re.M)]
+
+    assert objcopy_flags(script) == objcopy_flags(containerfile) == [
+        ["--only-keep-debug"],
+        ["--strip-debug", "--strip-unneeded"],
+        ["--add-gnu-debuglink"],
+    ]
+    build = script[script.index('build --network=host'):]
+    build = build[: build.index('"$OUT/context"')]
+    for arg in ["--target runtime", "VIRTPLUG_BINARY=prebuilt", '"DEBIAN_IMAGE=$BASE_TAG"', '"DEBIAN_MIRROR=$MIRROR"']:
+        assert arg in build, arg
+    assert "debootstrap --variant=minbase" in script and script.startswith("#!/usr/bin/env bash")
+    assert "set -euo pipefail" in script
