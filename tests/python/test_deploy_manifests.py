@@ -4,7 +4,8 @@ is an error, as `kubectl apply --validate=strict` makes it), for the oldest and 
 versions virtplug targets. The CRD documents are apiextensions.k8s.io/v1
 CustomResourceDefinitions and validate as such. Then what schemas cannot see: the files apply in
 order, every ServiceAccount and ClusterRole a workload or binding names exists, and the
-Containerfile has its stages (it is not built here: no registry to pull base images from)."""
+Containerfile has its stages (its from-source build is not run here: no registry to pull the
+rust image from; scripts/build-image.sh builds its runtime stage from a debootstrap base)."""
 import copy
 import pathlib
 import re
@@ -163,11 +164,47 @@ def test_the_subresources_api_is_an_aggregated_api_server():
 def test_the_containerfile_has_its_stages():
     text = (ROOT / "Containerfile").read_text()
     stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
-    assert [s[1] for s in stages] == ["builder", "debuginfo", "runtime"], stages
-    assert stages[2][0].endswith(":${DEBIAN}-slim") and re.search(r"^ARG DEBIAN=bookworm$", text, re.M)
+    # `runtime` last: a plain `docker build` (no --target) builds it, from source.
+    assert [s[1] for s in stages] == ["builder", "debuginfo", "prebuilt", "binary", "runtime"], stages
+    froms = {name: base for base, name in stages}
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    # The bases are build arguments (scripts/build-image.sh gives a local one), defaulting to
+    # docker.io's images.
+    assert froms["builder"] == "${RUST_IMAGE}" and args["RUST_IMAGE"] == "docker.io/library/rust:${RUST_VERSION}-${DEBIAN}"
+    assert froms["runtime"] == "${DEBIAN_IMAGE}" and args["DEBIAN_IMAGE"] == "docker.io/library/debian:${DEBIAN}-slim"
+    assert args["DEBIAN"] == "bookworm"
+    # The binary comes from the builder unless VIRTPLUG_BINARY=prebuilt names the stage that takes
+    # it from the build context.
+    assert froms["binary"] == "${VIRTPLUG_BINARY}" and args["VIRTPLUG_BINARY"] == "builder"
+    assert froms["debuginfo"] == froms["prebuilt"] == "scratch"
     assert re.search(r"apt-get install .*qemu-system-x86 qemu-utils", text)
     assert "cargo build --release --locked -p virtplug" in text
     assert "objcopy --only-keep-debug" in text and "--strip-debug" in text
+    body = dict(zip([s[1] for s in stages], re.split(r"^FROM .*$", text, flags=re.M)[1:]))
+    assert "COPY --from=builder /out/virtplug.debug /virtplug.debug" in body["debuginfo"]
+    copies = re.findall(r"^COPY .*$", body["prebuilt"], re.M)
+    assert copies == ["COPY virtplug /out/virtplug"], copies
     # The runtime image gets the stripped binary, never the debug file.
-    runtime = text.split("AS runtime", 1)[1]
-    assert "COPY --from=builder /out/virtplug /usr/local/bin/virtplug" in runtime and ".debug" not in runtime
+    assert "COPY --from=binary /out/virtplug /usr/local/bin/virtplug" in body["runtime"] and ".debug" not in body["runtime"]
+
+
+def test_the_image_script_builds_the_runtime_stage_from_a_prebuilt_binary():
+    """scripts/build-image.sh (no registry: a debootstrap base, a host-built binary) strips the
+    binary with the builder stage's objcopy steps and builds `runtime` with the prebuilt stage."""
+    script = (ROOT / "scripts" / "build-image.sh").read_text()
+    containerfile = (ROOT / "Containerfile").read_text()
+
+    def objcopy_flags(text):
+        return [re.findall(r"--[\w-]+", line) for line in re.findall(r"^[\s&]*objcopy (--.*)$", text, re.M)]
+
+    assert objcopy_flags(script) == objcopy_flags(containerfile) == [
+        ["--only-keep-debug"],
+        ["--strip-debug", "--strip-unneeded"],
+        ["--add-gnu-debuglink"],
+    ]
+    build = script[script.index('build --network=host'):]
+    build = build[: build.index('"$OUT/context"')]
+    for arg in ["--target runtime", "VIRTPLUG_BINARY=prebuilt", '"DEBIAN_IMAGE=$BASE_TAG"', '"DEBIAN_MIRROR=$MIRROR"']:
+        assert arg in build, arg
+    assert "debootstrap --variant=minbase" in script and script.startswith("#!/usr/bin/env bash")
+    assert "set -euo pipefail" in script
