@@ -20,6 +20,7 @@ use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 use virtplug_bench::apiserver::{self, Proc};
+use virtplug_bench::cputime;
 use virtplug_bench::waits::within;
 
 #[derive(Parser)]
@@ -269,23 +270,26 @@ async fn main() -> anyhow::Result<()> {
 
     // Throughput on this 2-core machine moves with whatever else runs; the server's own CPU time
     // per update (utime + stime from /proc, 10 ms ticks over thousands of updates) moves much
-    // less, so both are printed.
+    // less, so both are printed, with the bytes each server sent to the disk per update (on a
+    // slow disk the fsync'd bytes set the rate at one writer).
     let (vp_pid, etcd_pid) = (_vp.0.id(), _etcd.0.id());
     println!(
-        "| writers | virtplug updates/s | etcd txn/s | virtplug / etcd | virtplug CPU µs/update | etcd CPU µs/txn | CPU etcd / virtplug |"
+        "| writers | virtplug updates/s | etcd txn/s | virtplug / etcd | virtplug CPU µs/update | etcd CPU µs/txn | CPU etcd / virtplug | virtplug disk KiB/update | etcd disk KiB/txn |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for writers in [1, 8, 64] {
-        let c0 = virtplug_bench::cputime::cpu_seconds(vp_pid)?;
+        let (c0, w0) = (cputime::cpu_seconds(vp_pid)?, cputime::write_bytes(vp_pid)?);
         let v = virtplug_updates(&client, writers, args.seconds).await?;
-        let c1 = virtplug_bench::cputime::cpu_seconds(vp_pid)?;
-        let e0 = virtplug_bench::cputime::cpu_seconds(etcd_pid)?;
+        let (c1, w1) = (cputime::cpu_seconds(vp_pid)?, cputime::write_bytes(vp_pid)?);
+        let (e0, x0) = (cputime::cpu_seconds(etcd_pid)?, cputime::write_bytes(etcd_pid)?);
         let e = etcd_updates(&etcd, writers, args.seconds).await?;
-        let e1 = virtplug_bench::cputime::cpu_seconds(etcd_pid)?;
+        let (e1, x1) = (cputime::cpu_seconds(etcd_pid)?, cputime::write_bytes(etcd_pid)?);
         #[allow(clippy::cast_precision_loss)]
-        let per = |cpu: f64, rate: f64| cpu * 1e6 / (rate * args.seconds as f64).max(1.0);
-        let (vc, ec) = (per(c1 - c0, v), per(e1 - e0, e));
-        println!("| {writers} | {v:.0} | {e:.0} | {:.2} | {vc:.0} | {ec:.0} | {:.2} |", v / e, ec / vc);
+        let per = |total: f64, rate: f64| total / (rate * args.seconds as f64).max(1.0);
+        let (vc, ec) = (per((c1 - c0) * 1e6, v), per((e1 - e0) * 1e6, e));
+        #[allow(clippy::cast_precision_loss)]
+        let (vw, ew) = (per(w1.saturating_sub(w0) as f64 / 1024.0, v), per(x1.saturating_sub(x0) as f64 / 1024.0, e));
+        println!("| {writers} | {v:.0} | {e:.0} | {:.2} | {vc:.0} | {ec:.0} | {:.2} | {vw:.1} | {ew:.1} |", v / e, ec / vc);
     }
     println!();
     let v = virtplug_watch(&client, args.watchers, args.rounds).await?;
