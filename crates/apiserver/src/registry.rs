@@ -550,6 +550,15 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
             resources.push(json!({"name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
                                    "kind": r.kind, "verbs": ["get", "patch", "update"]}));
         }
+        // Core subresources with handlers of their own (routes.rs), as kube-apiserver lists them.
+        match (r.group, r.plural) {
+            ("", "pods") => resources.push(json!({"name": "pods/binding", "singularName": "", "namespaced": true, "kind": "Binding",
+                                                  "verbs": ["create"]})),
+            ("", "serviceaccounts") => resources.push(json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true,
+                                                             "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest",
+                                                             "verbs": ["create"]})),
+            _ => {}
+        }
         if r.crd.is_some_and(|c| c.scale.is_some()) {
             resources.push(json!({"name": format!("{}/scale", r.plural), "singularName": "", "namespaced": r.namespaced,
                                    "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"]}));
@@ -560,4 +569,23 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     }
     let gv = if group.is_empty() { version.to_owned() } else { format!("{group}/{version}") };
     Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_discovery_lists_the_binding_and_token_subresources_as_kube_apiserver_does() {
+        let list = resource_list("", "v1").unwrap();
+        let find = |name: &str| list["resources"].as_array().unwrap().iter().find(|r| r["name"] == name).cloned();
+        let binding = find("pods/binding").expect("pods/binding is listed");
+        assert_eq!((binding["kind"].as_str(), &binding["verbs"]), (Some("Binding"), &json!(["create"])));
+        let token = find("serviceaccounts/token").expect("serviceaccounts/token is listed");
+        assert_eq!(
+            (token["group"].as_str(), token["version"].as_str(), token["kind"].as_str(), &token["verbs"]),
+            (Some("authentication.k8s.io"), Some("v1"), Some("TokenRequest"), &json!(["create"]))
+        );
+        assert!(find("pods/status").is_some() && find("configmaps/binding").is_none());
+    }
 }

@@ -682,12 +682,19 @@ mod tests {
         {
             let c = Connection::open(&old).unwrap();
             c.execute_batch(SCHEMA).unwrap();
-            c.execute("INSERT INTO objects (key, rv, value) VALUES ('a', 4, ?1)", [br#"{"metadata":{"name":"a","resourceVersion":"4"}}"#.as_slice()])
-                .unwrap();
+            c.execute(
+                "INSERT INTO objects (key, rv, value) VALUES ('a', 4, ?1)",
+                [br#"{"metadata":{"name":"a","resourceVersion":"4"}}"#.as_slice()],
+            )
+            .unwrap();
             c.execute("INSERT INTO meta (k, v) VALUES ('revision', 9)", []).unwrap();
         }
         let s = Store::open(&old, &cfg).unwrap();
         assert_eq!(s.revision(), 9);
-        assert_eq!(s.write(Op::Update { key: "a".into(), expected: 4, object: obj("a") }).await.unwrap().rv, 10, "never an older revision again");
+        assert_eq!(
+            s.write(Op::Update { key: "a".into(), expected: 4, object: obj("a") }).await.unwrap().rv,
+            10,
+            "never an older revision again"
+        );
     }
 }
