@@ -1,5 +1,6 @@
 //! What the VM controller reads instead of GETs: kube-runtime reflector stores of the VMs,
-//! VMIs, claims and DataVolumes, filled by the same watches that wake its reconciles.
+//! VMIs, claims, DataVolumes and (with launcher pods) StorageClasses, filled by the same
+//! watches that wake its reconciles.
 //!
 //! # Guarantees
 //! - A store is updated before the watch event that changed it triggers a reconcile, so a
@@ -12,17 +13,25 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use api::{DataVolume, VirtualMachine, VirtualMachineInstance};
 
-/// Where claims and DataVolumes are looked up.
+/// Where claims, DataVolumes and StorageClasses are looked up.
 pub trait Lookup {
     /// The claim `ns/name`, if it exists.
     fn pvc(&self, ns: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>>;
     /// The DataVolume `ns/name`, if it exists.
     fn dv(&self, ns: &str, name: &str) -> Option<Arc<DataVolume>>;
+    /// The StorageClass `name`, if it is known. `None` by default: a lookup without classes
+    /// treats every claim as bound at once (`volumeBindingMode: Immediate`), which is what
+    /// direct placement and `virtplug up` have (their provisioner binds at once).
+    fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>> {
+        let _ = name;
+        None
+    }
 }
 
 /// The controller's reflector stores.
@@ -36,6 +45,9 @@ pub struct Cache {
     pub nodes: Store<Node>,
     /// Launcher and attachment pods (label `kubevirt.io`); empty with direct placement.
     pub pods: Store<Pod>,
+    /// Every StorageClass (whether a claim waits for its first consumer, the attachment pod);
+    /// empty with direct placement, where no pod consumes a claim.
+    pub classes: Store<StorageClass>,
 }
 
 impl Cache {
@@ -59,6 +71,10 @@ impl Lookup for Cache {
 
     fn dv(&self, ns: &str, name: &str) -> Option<Arc<DataVolume>> {
         self.dvs.get(&ObjectRef::new(name).within(ns))
+    }
+
+    fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>> {
+        self.classes.get(&ObjectRef::new(name))
     }
 }
 

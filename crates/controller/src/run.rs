@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -90,6 +91,16 @@ fn vms_using(store: &Store<VirtualMachine>, ns: &str, claim: &str) -> Vec<Object
         .collect()
 }
 
+/// The VMs naming a claim of StorageClass `class` (whose binding mode decides whether an
+/// unbound claim is carried by an attachment pod).
+fn vms_using_class(vms: &Store<VirtualMachine>, pvcs: &Store<PersistentVolumeClaim>, class: &str) -> Vec<ObjectRef<VirtualMachine>> {
+    pvcs.state()
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(class))
+        .flat_map(|p| vms_using(vms, &p.namespace().unwrap_or_default(), &p.name_any()))
+        .collect()
+}
+
 /// The VMs a Node change may unblock: those whose VMI waits for a node, and those whose VMI is
 /// being deleted from this node (a fenced or removed node releases its finalizer).
 fn vms_waiting_for(vmis: &Store<VirtualMachineInstance>, node: &str) -> Vec<ObjectRef<VirtualMachine>> {
@@ -139,7 +150,14 @@ pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client
     let (pvcs, pvc_events) = stored::<PersistentVolumeClaim>(&client);
     let (dvs, dv_events) = stored::<DataVolume>(&client);
     let (nodes, node_events) = stored::<Node>(&client);
-    // Pods are watched only when the controller makes them.
+    // Pods, and the StorageClasses that say whether a pod must consume a claim before it
+    // binds, are watched only when the controller makes pods.
+    let (classes, class_events) = if config.placement == crate::lifecycle::Placement::Direct {
+        (reflector::store().0, futures::stream::empty().boxed())
+    } else {
+        let (store, events) = stored::<StorageClass>(&client);
+        (store, events.boxed())
+    };
     let (pods, pod_events) = if config.placement == crate::lifecycle::Placement::Direct {
         (reflector::store().0, futures::stream::empty().boxed())
     } else {
@@ -152,8 +170,8 @@ pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client
     let timeout = config.node_heartbeat_timeout.unwrap_or(crate::nodes::DEFAULT_HEARTBEAT_TIMEOUT);
     tasks.spawn(crate::nodes::run(client.clone(), timeout));
     let controller = Controller::new(Api::<VirtualMachine>::all(client.clone()), watcher::Config::default());
-    let (s1, s2, s3) = (controller.store(), controller.store(), vmis.clone());
-    let cache = Cache { vms: controller.store(), vmis, pvcs, dvs, nodes, pods };
+    let (s1, s2, s3, s4, claims) = (controller.store(), controller.store(), vmis.clone(), controller.store(), pvcs.clone());
+    let cache = Cache { vms: controller.store(), vmis, pvcs, dvs, nodes, pods, classes };
     let ctx = Arc::new(Ctx { client, legacy_volume_requests: config.legacy_volume_requests, cache, placement: config.placement });
     controller
         // A VMI wakes the VM of the same name (its owner in KubeVirt's naming).
@@ -161,6 +179,8 @@ pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client
         .watches_stream(pvc_events, move |p| vms_using(&s1, &p.namespace().unwrap_or_default(), &p.name_any()))
         .watches_stream(dv_events, move |d| vms_using(&s2, &d.namespace().unwrap_or_default(), &d.name_any()))
         .watches_stream(node_events, move |n| vms_waiting_for(&s3, &n.name_any()))
+        // A class created or changed after its claims: their VMs decide again.
+        .watches_stream(class_events, move |sc: StorageClass| vms_using_class(&s4, &claims, &sc.name_any()))
         // A launcher or attachment pod wakes the VM its label names (the VMI's name is the VM's).
         .watches_stream(pod_events, |p: Pod| {
             let vm = p.labels().get(crate::lifecycle::VM_LABEL)?.clone();

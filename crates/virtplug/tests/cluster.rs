@@ -5,7 +5,8 @@
 //! by the test (`common::fakenode::kubelet` and the `KubeletReady`/`MemoryPressure` conditions
 //! below); where no guest is needed, `common::fakenode` plays the node agent; for launcher pods,
 //! [`standins::scheduler`] plays kube-scheduler and [`standins::kubelet`] each node's kubelet
-//! (pods as local processes; a launcher pod in a PID namespace of its own). Everything else is the real binary: leader election on a real
+//! (pods as local processes; a launcher pod in a PID namespace of its own), and [`standins::csi`]
+//! a CSI provisioner of node-local `WaitForFirstConsumer` volumes. Everything else is the real binary: leader election on a real
 //! Lease, real heartbeats, real launchers, real QEMU (TCG) guests.
 
 #![allow(clippy::unwrap_used)]
@@ -21,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
@@ -644,13 +645,14 @@ async fn guest_has(log: &Path, want: &[&str]) {
     .await;
 }
 
-/// The VM's hot-plugged claims become exactly `claims` (a disk with serial = volume name).
-async fn set_hotplugged(vms: &Api<VirtualMachine>, name: &str, claims: &[&str]) {
+/// The VM's hot-plugged claims become exactly `claims` (a disk with serial = volume name); the
+/// VM as written.
+async fn set_hotplugged(vms: &Api<VirtualMachine>, name: &str, claims: &[&str]) -> VirtualMachine {
     let disks: Vec<_> = claims.iter().map(|v| json!({"name": v, "disk": {"bus": "scsi"}, "serial": v})).collect();
     let volumes: Vec<_> =
         claims.iter().map(|v| json!({"name": v, "persistentVolumeClaim": {"claimName": v, "hotpluggable": true}})).collect();
     let patch = json!({"spec": {"template": {"spec": {"domain": {"devices": {"disks": disks}}, "volumes": volumes}}}});
-    vms.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+    vms.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap()
 }
 
 /// The attachment pods of VMI `uid` (not being deleted), by name.
@@ -780,4 +782,146 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
     .await;
     let early = std::fs::read_to_string(c.dir.path().join("n2/detached-in-use")).unwrap_or_default();
     assert!(early.is_empty(), "an attachment pod was deleted while QEMU held its claim:\n{early}");
+}
+
+/// Every version of the objects `api` lists with `cfg` that a watch delivers, in revision order,
+/// recorded by a task until the returned handle is dropped.
+fn record<K>(api: Api<K>, cfg: kube::runtime::watcher::Config) -> (standins::Task, Arc<Mutex<Vec<K>>>)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let out = Arc::clone(&seen);
+    let task = standins::Task::spawn(async move {
+        let mut objects = kube::runtime::watcher(api, cfg).default_backoff().applied_objects().boxed();
+        while let Some(o) = objects.next().await {
+            if let Ok(o) = o {
+                out.lock().unwrap().push(o);
+            }
+        }
+    });
+    (task, seen)
+}
+
+/// The API server's global revision of an object's version (virtplug's server, like etcd, has
+/// one counter for every write, so versions of different objects are ordered by it).
+fn revision<K: kube::Resource>(o: &K) -> u64 {
+    o.meta().resource_version.as_deref().unwrap().parse().unwrap()
+}
+
+/// WaitForFirstConsumer (issue 19): a hot-plugged claim of a `WaitForFirstConsumer` class binds
+/// because its attachment pod consumes it. With no consumer the claim stays `Pending` without a
+/// selected node, through the guest's whole boot (a watch records every version). Plugged into
+/// a VM running on n2 (by its selector; the emptier-node rule alone would say n1): the
+/// controller creates the attachment pod for the unbound claim; the scheduler (stand-in) picks
+/// n2 by the pod's affinity, writes it into the claim's `volume.kubernetes.io/selected-node`,
+/// and binds the pod only after the CSI stand-in made the volume on n2 and bound the claim (the
+/// revisions say so); the PV's node affinity names n2, the data is under n2's directory (none
+/// under n1's); the kubelet (stand-in) mounts it through the PV's path; the guest sees the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod() {
+    if !common::guest::is_root() {
+        eprintln!("skipped: the stand-in kubelet's mount namespaces need root");
+        return;
+    }
+    let c = Cluster::start().await;
+    c.kubelet_nodes(&["n1", "n2"]).await;
+    let _ctl = c.controller(
+        "c",
+        &["--leader-elect=false", "--placement", "pods", "--launcher-image", "virtplug:test", "--launcher-run-root", "/node/vmis"],
+    );
+    let pods_dir = |n: &str| c.dir.path().join(n).join("var/lib/kubelet/pods").display().to_string();
+    let _n1 = c.node_with("n1", &["--launcher-pods", "--kubelet-pods-dir", &pods_dir("n1")]);
+    let _n2 = c.node_with("n2", &["--launcher-pods", "--kubelet-pods-dir", &pods_dir("n2")]);
+    let _scheduler = standins::scheduler(c.client.clone());
+    let _csi = standins::csi(c.client.clone(), c.dir.path());
+    let _kubelets = [
+        standins::kubelet(c.client.clone(), "n1", &c.dir.path().join("n1")),
+        standins::kubelet(c.client.clone(), "n2", &c.dir.path().join("n2")),
+    ];
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(c.client.clone());
+    let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "standin-local"},
+        "provisioner": standins::CSI_PROVISIONER, "volumeBindingMode": "WaitForFirstConsumer"});
+    classes.create(&PostParams::default(), &serde_json::from_value(class).unwrap()).await.unwrap();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "late", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem", "storageClassName": "standin-local",
+                 "resources": {"requests": {"storage": "64Mi"}}}});
+    pvcs.create(&PostParams::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+    let (_claim_watch, claim_versions) = record(pvcs.clone(), kube::runtime::watcher::Config::default().fields("metadata.name=late"));
+
+    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
+    vms.create(&PostParams::default(), &guest_vm("wf", Some("n2"))).await.unwrap();
+    let vmi = c.running("wf", BOOT).await;
+    let uid = vmi.uid().unwrap();
+    assert_eq!(vmi.status.as_ref().unwrap().node_name.as_deref(), Some("n2"));
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let (_pod_watch, pod_versions) =
+        record(pods.clone(), kube::runtime::watcher::Config::default().labels(&format!("virtplug.io/attachment-for={uid}")));
+    let log = c.dir.path().join("n2/node/vmis").join(&uid).join("serial.log");
+    common::wait_until(BOOT, "the guest to boot (VP-READY on its console)", || {
+        let ready = common::guest::console_lines(&log).iter().any(|l| l.starts_with("VP-READY"));
+        async move { ready.then_some(()) }
+    })
+    .await;
+
+    // No consumer yet (the guest booted meanwhile): checked at the end, on every version.
+    let plugged = revision(&set_hotplugged(&vms, "wf", &["late"]).await);
+
+    let pod = common::wait_until(T, "the attachment pod carrying claim late to run", || {
+        let (pods, uid) = (pods.clone(), uid.clone());
+        async move {
+            attachment_pods(&pods, &uid).await.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        }
+    })
+    .await;
+    assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some("n2"), "the pod is on the VMI's node");
+    served_by(&c, "wf", &["late"], &pod, "volume late's status to name its attachment pod and UID").await;
+    guest_has(&log, &["late"]).await;
+
+    let bound = pvcs.get("late").await.unwrap();
+    assert_eq!(bound.annotations().get("volume.kubernetes.io/selected-node").map(String::as_str), Some("n2"), "the VMI's node");
+    assert_eq!(bound.status.as_ref().unwrap().phase.as_deref(), Some("Bound"));
+    let pv_name = bound.spec.as_ref().unwrap().volume_name.clone().expect("bound to a PV");
+    assert_eq!(pv_name, format!("pvc-{}", bound.uid().unwrap()));
+    let pv = Api::<PersistentVolume>::all(c.client.clone()).get(&pv_name).await.unwrap();
+    let affinity = serde_json::to_value(&pv.spec.as_ref().unwrap().node_affinity).unwrap();
+    assert_eq!(
+        affinity["required"]["nodeSelectorTerms"],
+        json!([{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n2"]}]}]),
+        "the volume was made where the consumer runs"
+    );
+    let img = c.dir.path().join("n2").join(standins::CSI_DIR.trim_start_matches('/')).join(&pv_name).join("disk.img");
+    assert_eq!(std::fs::metadata(&img).map(|m| m.len()).ok(), Some(64 << 20), "the holder made disk.img in n2's volume: {}", img.display());
+    assert!(!c.dir.path().join("n1").join(standins::CSI_DIR.trim_start_matches('/')).exists(), "nothing was made on n1");
+
+    // The order of binding, by the server's revisions: the claim was Bound before the pod got
+    // its node (the scheduler waited for the provisioner), and only one pod was ever made.
+    let claim_bound = claim_versions
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+        .map(revision)
+        .expect("the watch saw the claim Bound");
+    let versions = pod_versions.lock().unwrap().clone();
+    let pod_bound = versions
+        .iter()
+        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some())
+        .map(revision)
+        .expect("the watch saw the pod bound");
+    assert!(claim_bound < pod_bound, "the claim was Bound (revision {claim_bound}) before its pod was bound (revision {pod_bound})");
+    // The watch delivers in revision order and has delivered the Bound version, so it holds
+    // every version before the plug: through the guest's whole boot, with no consumer, the
+    // claim was unbound and had no selected node.
+    let before: Vec<PersistentVolumeClaim> = claim_versions.lock().unwrap().iter().filter(|p| revision(*p) < plugged).cloned().collect();
+    assert!(!before.is_empty(), "the watch saw the claim before the plug");
+    for p in &before {
+        assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"), "no consumer, no binding: {p:?}");
+        assert!(!p.annotations().contains_key("volume.kubernetes.io/selected-node"), "no consumer, no node: {p:?}");
+    }
+    let made: std::collections::BTreeSet<String> = versions.iter().map(|p| p.uid().unwrap()).collect();
+    assert_eq!(made.len(), 1, "the claim's binding did not replace the attachment pod: {made:?}");
 }

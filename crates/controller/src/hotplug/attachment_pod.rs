@@ -11,12 +11,26 @@
 //!   sparse with the claim's size by the holder when the claim is empty); a Block claim as a
 //!   `volumeDevice` at `/path/<volume>/<claim uid>`.
 //! - Required node affinity on `kubernetes.io/hostname` = the VMI's node (KubeVirt's; not
-//!   `nodeName`, so the scheduler still runs and a `WaitForFirstConsumer` claim is bound on
-//!   that node), all taints tolerated (the VMI already runs there).
+//!   `nodeName`, so the scheduler still runs), all taints tolerated (the VMI already runs there).
+//!
+//! # WaitForFirstConsumer
+//! A claim whose StorageClass has `volumeBindingMode: WaitForFirstConsumer` is not bound until a
+//! pod using it is scheduled: the attachment pod is that consumer, so such a claim is carried
+//! while still unbound ([`crate::storage::class::waits_for_consumer`], from the controller's
+//! StorageClass store). The scheduler, placing the pod by its affinity, sets the claim's
+//! `volume.kubernetes.io/selected-node` to the VMI's node, the provisioner makes the volume
+//! there and binds the claim, and only then binds the pod (Kubernetes' volume binding); the
+//! kubelet then mounts it and the pod runs. The claim's binding changes nothing here: a pod is
+//! recognised by the volume names it carries ([`carried_by`]), so the same pod stays. An
+//! unbound claim of an `Immediate` class (or of no class, or a class not in the store) is not
+//! carried: a pod with it could not be scheduled before a provisioner binds it anyway. Not
+//! covered: a DataVolume whose claim waits for its consumer (CDI's `WaitForFirstConsumer`
+//! phase) is carried only once imported, which needs a consumer first.
 //!
 //! # Flow (one step per reconcile; each write wakes the next)
-//! 1. The wanted set: the hot-pluggable claims of the VMI spec whose claim is bound (and, for a
-//!    DataVolume, imported). No pod carries exactly that set: one is created.
+//! 1. The wanted set: the hot-pluggable claims of the VMI spec whose claim is bound or waits
+//!    for its first consumer (and, for a DataVolume, imported). No pod carries exactly that
+//!    set: one is created.
 //! 2. `volumeStatus[].hotplugVolume`: `attachPodName` as soon as the pod carrying the volume
 //!    exists, `attachPodUID` once it is `Running`. A volume already served by an older pod keeps
 //!    that pod's name and UID until the new one runs (name and UID then change together).
@@ -50,6 +64,7 @@ use api::VirtualMachineInstance;
 use crate::cache::Lookup;
 use crate::lifecycle::launcher_pod::{LauncherPods, APP_LABEL};
 use crate::lifecycle::VM_LABEL;
+use crate::storage::class::waits_for_consumer;
 
 /// `kubevirt.io` value of an attachment pod (KubeVirt's).
 pub const APP_HOTPLUG: &str = "hotplug-disk";
@@ -72,7 +87,8 @@ pub struct Carried {
     pub bytes: Option<u64>,
 }
 
-/// The claims `vmi`'s attachment pod should carry (see the module docs), sorted by volume.
+/// The claims `vmi`'s attachment pod should carry (see the module docs), sorted by volume. A
+/// claim that waits for its consumer has no capacity yet: its `bytes` are its request.
 pub fn wanted(vmi: &VirtualMachineInstance, lookup: &impl Lookup) -> Vec<Carried> {
     let ns = vmi.namespace().unwrap_or_default();
     let mut out: Vec<Carried> = vmi
@@ -82,7 +98,8 @@ pub fn wanted(vmi: &VirtualMachineInstance, lookup: &impl Lookup) -> Vec<Carried
         .filter(|v| v.is_hotpluggable())
         .filter_map(|v| {
             let claim = v.claim_name()?;
-            let pvc = lookup.pvc(&ns, claim).filter(|p| ClaimPhase::is_bound(p))?;
+            // A claim waiting for its first consumer binds only once this pod is scheduled.
+            let pvc = lookup.pvc(&ns, claim).filter(|p| ClaimPhase::is_bound(p) || waits_for_consumer(p, lookup))?;
             let imported = v.data_volume.is_none()
                 || lookup.dv(&ns, claim).and_then(|dv| dv.status.clone()).and_then(|s| s.phase) == Some(DataVolumePhase::Succeeded);
             imported.then(|| carried(&v.name, claim, &pvc))

@@ -13,6 +13,16 @@ impl Lookup for Claims {
     fn dv(&self, _: &str, _: &str) -> Option<Arc<api::DataVolume>> {
         None
     }
+    /// Two classes: `wffc` (`WaitForFirstConsumer`) and `now` (`Immediate`).
+    fn storage_class(&self, name: &str) -> Option<Arc<k8s_openapi::api::storage::v1::StorageClass>> {
+        let mode = match name {
+            "wffc" => "WaitForFirstConsumer",
+            "now" => "Immediate",
+            _ => return None,
+        };
+        let sc = json!({"metadata": {"name": name}, "provisioner": "csi.example.com", "volumeBindingMode": mode});
+        Some(Arc::new(serde_json::from_value(sc).unwrap()))
+    }
 }
 
 fn claim(name: &str, mode: &str, phase: &str) -> PersistentVolumeClaim {
@@ -106,6 +116,43 @@ fn only_bound_hotpluggable_claims_are_wanted() {
     let v = vmi(&["a", "b"], &json!([]));
     let set = wanted(&v, &Claims(vec![claim("c-a", "Filesystem", "Bound"), claim("c-b", "Filesystem", "Pending")]));
     assert_eq!(set.iter().map(|c| c.volume.as_str()).collect::<Vec<_>>(), ["a"]);
+}
+
+/// `claim` of StorageClass `class`, unbound (no capacity yet) or bound by the provisioner.
+fn classed(name: &str, class: &str, bound: bool) -> PersistentVolumeClaim {
+    let mut c = claim(name, "Filesystem", "Bound");
+    c.spec.as_mut().unwrap().storage_class_name = Some(class.into());
+    if !bound {
+        c.status = Some(serde_json::from_value(json!({"phase": "Pending"})).unwrap());
+    }
+    c
+}
+
+/// Issue 19: a claim of a `WaitForFirstConsumer` class binds only once a pod using it is
+/// scheduled, so the attachment pod must carry it while it is still unbound; an unbound
+/// `Immediate` claim waits for its provisioner instead.
+#[test]
+fn a_pending_wait_for_first_consumer_claim_is_wanted_and_a_pending_immediate_one_is_not() {
+    let v = vmi(&["a", "b", "c"], &json!([]));
+    let set = wanted(&v, &Claims(vec![classed("c-a", "wffc", false), classed("c-b", "now", false), claim("c-c", "Filesystem", "Pending")]));
+    assert_eq!(set.iter().map(|c| c.volume.as_str()).collect::<Vec<_>>(), ["a"]);
+    assert_eq!(set[0].bytes, Some(16 << 20), "no capacity before binding: the holder sizes disk.img by the request");
+}
+
+/// The claim the pod consumes binds (capacity now known): the pod made for the unbound claim is
+/// still the current one — no second pod, no swap.
+#[test]
+fn a_wait_for_first_consumer_claim_binding_does_not_replace_its_attachment_pod() {
+    let v = vmi(&["a"], &json!([entry("a", None)]));
+    let pending = wanted(&v, &Claims(vec![classed("c-a", "wffc", false)]));
+    assert_eq!(decide(&v, &pending, &[]), [Step::Create(pending.clone())]);
+    let mut p = pod_for(&v, "n1", &pending, &cfg()).unwrap();
+    p.metadata.name = Some("p1".into());
+    p.metadata.uid = Some("uid-p1".into());
+    p.status = Some(serde_json::from_value(json!({"phase": "Running"})).unwrap());
+    let bound = wanted(&v, &Claims(vec![classed("c-a", "wffc", true)]));
+    assert_ne!(bound, pending, "the capacity changed the carried claim's size");
+    assert_eq!(decide(&v, &bound, std::slice::from_ref(&p)), [status(&[("a", "p1", Some("uid-p1"))])], "the same pod serves it");
 }
 
 #[test]

@@ -3,7 +3,10 @@
 //!
 //! # Rules
 //! - A hot-plug volume in the VMI spec without an entry gets one, `Pending` until its claim is
-//!   bound and, for a DataVolume, its import has succeeded, then `Bound`.
+//!   bound and, for a DataVolume, its import has succeeded, then `Bound`. A claim that waits for
+//!   its first consumer ([`crate::storage::class::waits_for_consumer`]) is `Pending` with the
+//!   PV controller's words for it ("waiting for first consumer to be created before binding"):
+//!   its attachment pod is that consumer (`super::attachment_pod`).
 //! - It only ever creates an entry or moves it `Pending` → `Bound`: an entry already in the
 //!   phase it would write is left as it is (the node agent writes its own reason and message
 //!   there — two writers rewriting each other's message would wake each other forever), and
@@ -57,9 +60,18 @@ fn wanted_for(vmi: &VirtualMachineInstance, v: &Volume, lookup: &impl Lookup) ->
     let bound = pvc.as_deref().is_some_and(ClaimPhase::is_bound);
     let imported = v.data_volume.is_none()
         || lookup.dv(&ns, claim).and_then(|dv| dv.status.clone()).and_then(|s| s.phase) == Some(DataVolumePhase::Succeeded);
+    let waits = pvc.as_deref().is_some_and(|p| crate::storage::class::waits_for_consumer(p, lookup));
     let (phase, message) = match &pvc {
         _ if bound && imported => (VolumePhase::Bound, format!("PVC {claim} is in phase Bound")),
         None => (VolumePhase::Pending, format!("PVC {claim} does not exist yet")),
+        // Kubernetes' PV controller says the same (Event WaitForFirstConsumer on the claim).
+        Some(_) if waits => (
+            VolumePhase::Pending,
+            format!(
+                "PVC {claim} is waiting for first consumer to be created before binding (volumeBindingMode \
+                 WaitForFirstConsumer): its attachment pod is that consumer"
+            ),
+        ),
         Some(_) => (VolumePhase::Pending, format!("PVC {claim} is not ready (not bound or still importing)")),
     };
     Some(Wanted {
@@ -181,6 +193,38 @@ mod tests {
         assert_eq!((entry(&v).phase, entry(&v).reason), (Some(VolumePhase::Bound), Some(api::phases::VolumeReason::PvcBound)));
         assert_eq!(entry(&v).persistent_volume_claim_info.unwrap().claim_name.as_deref(), Some("c"));
         assert_eq!(wanted_for(&v, &v.spec.volumes[0], &bound()), None, "nothing more to do");
+    }
+
+    /// A class lookup on top of [`Claims`]: every class is `WaitForFirstConsumer`.
+    struct Waiting(Claims);
+    impl Lookup for Waiting {
+        fn pvc(&self, ns: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+            self.0.pvc(ns, name)
+        }
+        fn dv(&self, _: &str, _: &str) -> Option<Arc<api::DataVolume>> {
+            None
+        }
+        fn storage_class(&self, name: &str) -> Option<Arc<k8s_openapi::api::storage::v1::StorageClass>> {
+            let sc = json!({"metadata": {"name": name}, "provisioner": "csi.example.com", "volumeBindingMode": "WaitForFirstConsumer"});
+            Some(Arc::new(serde_json::from_value(sc).unwrap()))
+        }
+    }
+
+    #[test]
+    fn a_claim_waiting_for_its_first_consumer_is_pending_and_says_so() {
+        let mut v = vmi(&json!([]));
+        let pending = json!({"metadata": {"name": "c"}, "spec": {"storageClassName": "wffc"}, "status": {"phase": "Pending"}});
+        let w = wanted_for(&v, &v.spec.volumes[0], &Waiting(Claims(Some(serde_json::from_value(pending).unwrap())))).unwrap();
+        apply(&mut v, &[w]);
+        let e = entry(&v);
+        assert_eq!((e.phase, e.reason), (Some(VolumePhase::Pending), Some(api::phases::VolumeReason::PvcNotReady)));
+        assert_eq!(
+            e.message.as_deref(),
+            Some("PVC c is waiting for first consumer to be created before binding (volumeBindingMode WaitForFirstConsumer): its attachment pod is that consumer")
+        );
+        let w = wanted_for(&v, &v.spec.volumes[0], &Waiting(bound())).unwrap();
+        apply(&mut v, &[w]);
+        assert_eq!(entry(&v).phase, Some(VolumePhase::Bound), "bound by its consumer's node: Bound as any claim");
     }
 
     #[test]

@@ -15,6 +15,9 @@
 //!   StorageClass object and which keeps being served with `Delete`.
 //! - `storageClassName: ""` asks for no dynamic provisioning in Kubernetes: left alone.
 //!
+//! [`waits_for_consumer`] answers another question, for any provisioner's claim: whether it is
+//! bound only once a pod that uses it is scheduled (`volumeBindingMode: WaitForFirstConsumer`).
+//!
 //! # Errors
 //! [`resolve`] fails only when the list fails for another reason than the API server not
 //! serving StorageClasses (404), which counts as no class.
@@ -23,6 +26,34 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::Store;
 use kube::ResourceExt;
+
+use api::phases::ClaimPhase;
+
+use crate::cache::Lookup;
+
+/// The binding mode that delays a claim's binding until a pod using it is scheduled.
+pub const WAIT_FOR_FIRST_CONSUMER: &str = "WaitForFirstConsumer";
+/// The claim annotation the scheduler sets to the node it chose for a pod using the claim
+/// (Kubernetes' `volume.kubernetes.io/selected-node`): the provisioner makes the volume there.
+pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+/// Whether `pvc` is unbound and waits for its first consumer: its StorageClass (looked up in
+/// `lookup`) has `volumeBindingMode: WaitForFirstConsumer`. Kubernetes binds such a claim only
+/// after the scheduler places a pod using it (it sets [`ANN_SELECTED_NODE`]; the provisioner
+/// makes the volume reachable from that node): until then only a pod can make it bind.
+///
+/// A claim without a class name, or whose class `lookup` does not know, counts as `Immediate`
+/// (bound without a consumer): that is what a lookup without classes says of every claim.
+#[must_use]
+pub fn waits_for_consumer(pvc: &PersistentVolumeClaim, lookup: &impl Lookup) -> bool {
+    if ClaimPhase::is_bound(pvc) {
+        return false;
+    }
+    let Some(class) = pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()).filter(|c| !c.is_empty()) else {
+        return false;
+    };
+    lookup.storage_class(class).is_some_and(|sc| sc.volume_binding_mode.as_deref() == Some(WAIT_FOR_FIRST_CONSUMER))
+}
 
 /// The default class the API server creates, served by this provisioner.
 pub const LOCAL_CLASS: &str = "local";
@@ -125,8 +156,45 @@ pub fn resolve(classes: &Store<StorageClass>, pvc: &PersistentVolumeClaim) -> De
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use serde_json::json;
+
+    /// Classes only: claims and DataVolumes are not asked for.
+    struct Classes(Vec<StorageClass>);
+    impl Lookup for Classes {
+        fn pvc(&self, _: &str, _: &str) -> Option<Arc<PersistentVolumeClaim>> {
+            None
+        }
+        fn dv(&self, _: &str, _: &str) -> Option<Arc<api::DataVolume>> {
+            None
+        }
+        fn storage_class(&self, name: &str) -> Option<Arc<StorageClass>> {
+            self.0.iter().find(|sc| sc.name_any() == name).cloned().map(Arc::new)
+        }
+    }
+
+    fn claim(class: Option<&str>, phase: &str) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({"metadata": {"name": "c"}, "spec": {"storageClassName": class}, "status": {"phase": phase}})).unwrap()
+    }
+
+    fn mode(name: &str, binding: &str) -> StorageClass {
+        serde_json::from_value(json!({"metadata": {"name": name}, "provisioner": "csi.example.com", "volumeBindingMode": binding})).unwrap()
+    }
+
+    #[test]
+    fn only_an_unbound_claim_of_a_wait_for_first_consumer_class_waits_for_its_consumer() {
+        let classes = Classes(vec![mode("wffc", WAIT_FOR_FIRST_CONSUMER), mode("now", "Immediate")]);
+        assert!(waits_for_consumer(&claim(Some("wffc"), "Pending"), &classes));
+        assert!(!waits_for_consumer(&claim(Some("wffc"), "Bound"), &classes), "bound: it waits for nothing");
+        assert!(!waits_for_consumer(&claim(Some("now"), "Pending"), &classes), "Immediate: the provisioner binds it alone");
+        assert!(!waits_for_consumer(&claim(None, "Pending"), &classes), "no class name counts as Immediate");
+        assert!(!waits_for_consumer(&claim(Some(""), "Pending"), &classes), "no dynamic provisioning");
+        assert!(!waits_for_consumer(&claim(Some("unknown"), "Pending"), &classes), "a class not (yet) known counts as Immediate");
+        let no_classes = Classes(Vec::new());
+        assert!(!waits_for_consumer(&claim(Some("wffc"), "Pending"), &no_classes), "a lookup without classes: Immediate");
+    }
 
     fn sc(name: &str, provisioner: &str, reclaim: &str, default: bool, created: &str) -> StorageClass {
         let mut v = json!({"metadata": {"name": name, "creationTimestamp": created}, "provisioner": provisioner, "reclaimPolicy": reclaim});

@@ -1,23 +1,41 @@
 //! STAND-INS for a cluster's own components, for the launcher-pod test (no real cluster here):
-//! [`scheduler`] plays kube-scheduler, [`kubelet`] plays one node's kubelet. Both are tasks of
-//! the test process talking to the real API server through kube-rs, as the real ones would.
-//! Claims are a STAND-IN for network storage: claim `NS/NAME` is the directory
-//! `ROOT/../csi/NS/NAME` (one for every node), Filesystem mode only.
+//! [`scheduler`] plays kube-scheduler (with its volume binding), [`kubelet`] plays one node's
+//! kubelet, [`csi`] plays a CSI driver's external-provisioner for node-local volumes. All are
+//! tasks of the test process talking to the real API server through kube-rs, as the real ones
+//! would.
+//!
+//! Claims: a claim bound to a PV (`spec.volumeName`) lives where the PV says (`local.path` or
+//! `hostPath`, a path on the node: `ROOT/PATH` for the node whose root is `ROOT`); a claim
+//! marked `Bound` by a test without a PV is a STAND-IN for network storage, the directory
+//! `ROOT/../csi/NS/NAME` (one for every node). Filesystem mode only.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, NodeSelector, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use serde_json::json;
 
+/// The claim annotation naming the node the scheduler chose for a pod using the claim.
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
 /// A task aborted when dropped (the stand-in stops with the test).
 pub struct Task(tokio::task::JoinHandle<()>);
+
+impl Task {
+    /// Runs `f` until the task is dropped.
+    #[allow(dead_code)] // tests/rbac.rs does not
+    pub fn spawn(f: impl std::future::Future<Output = ()> + Send + 'static) -> Task {
+        Task(tokio::spawn(f))
+    }
+}
 
 impl Drop for Task {
     fn drop(&mut self) {
@@ -27,27 +45,103 @@ impl Drop for Task {
 
 /// STAND-IN for kube-scheduler: binds every pod without `spec.nodeName` to a node that is
 /// `Ready`, not cordoned, untainted (taints are not matched against tolerations: the launcher
-/// test needs none) and whose labels match the pod's `nodeSelector` — of those, the one with the
-/// fewest pods. It binds through `pods/binding`, as kube-scheduler does; a pod that fits no node
-/// waits for the next pod or node change.
+/// test needs none), whose labels match the pod's `nodeSelector` and hostname affinity, and that
+/// its claims allow — of those, the one with the fewest pods. It binds through `pods/binding`,
+/// as kube-scheduler does; a pod that fits no node waits for the next pod, node, claim, PV or
+/// StorageClass change.
+///
+/// Claims, as kube-scheduler's VolumeBinding plugin treats them: a bound claim whose PV has
+/// node affinity allows only the nodes it selects; an unbound claim of a
+/// `WaitForFirstConsumer` class allows any node (only the one its
+/// `volume.kubernetes.io/selected-node` names, once set): the chosen node is written there and
+/// the pod is bound only once the claim is `Bound` (its provisioner made the volume there); an
+/// unbound claim of any other class, or a missing claim, leaves the pod unscheduled.
 pub fn scheduler(client: kube::Client) -> Task {
     Task(tokio::spawn(async move {
         let (pods, pw) = reflector::store::<Pod>();
         let (nodes, nw) = reflector::store::<Node>();
-        let pod_events = reflector::reflector(pw, watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())).default_backoff();
-        let node_events = reflector::reflector(nw, watcher(Api::<Node>::all(client.clone()), watcher::Config::default())).default_backoff();
-        let mut events = futures::stream::select(pod_events.map(|_| ()).boxed(), node_events.map(|_| ()).boxed());
+        let (claims, cw) = reflector::store::<PersistentVolumeClaim>();
+        let (volumes, vw) = reflector::store::<PersistentVolume>();
+        let (classes, sw) = reflector::store::<StorageClass>();
+        let all = watcher::Config::default;
+        let mut events = futures::stream::select_all([
+            reflector::reflector(pw, watcher(Api::<Pod>::all(client.clone()), all())).default_backoff().map(|_| ()).boxed(),
+            reflector::reflector(nw, watcher(Api::<Node>::all(client.clone()), all())).default_backoff().map(|_| ()).boxed(),
+            reflector::reflector(cw, watcher(Api::<PersistentVolumeClaim>::all(client.clone()), all()))
+                .default_backoff()
+                .map(|_| ())
+                .boxed(),
+            reflector::reflector(vw, watcher(Api::<PersistentVolume>::all(client.clone()), all())).default_backoff().map(|_| ()).boxed(),
+            reflector::reflector(sw, watcher(Api::<StorageClass>::all(client.clone()), all())).default_backoff().map(|_| ()).boxed(),
+        ]);
         while events.next().await.is_some() {
             for pod in pods.state().iter().filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_none())) {
-                if let Some(node) = fit(&pods, &nodes, pod) {
+                let Some(needs) = claim_needs(pod, &claims, &volumes, &classes) else { continue };
+                let Some(node) = fit(&pods, &nodes, pod, &needs) else { continue };
+                if needs.waiting.is_empty() {
                     bind(&client, pod, &node).await;
+                } else {
+                    select_node(&client, &needs.waiting, &node).await;
                 }
             }
         }
     }))
 }
 
-fn fit(pods: &Store<Pod>, nodes: &Store<Node>, pod: &Pod) -> Option<String> {
+/// What a pod's claims ask of its node.
+#[derive(Default)]
+struct ClaimNeeds {
+    /// The node affinity of each bound claim's PV: a node must match every one.
+    affinity: Vec<NodeSelector>,
+    /// The unbound `WaitForFirstConsumer` claims.
+    waiting: Vec<Arc<PersistentVolumeClaim>>,
+}
+
+/// The claims' needs of `pod`; `None` when it cannot be scheduled yet (a claim missing, unbound
+/// and not waiting for a consumer, or bound to a PV not seen yet).
+fn claim_needs(
+    pod: &Pod,
+    claims: &Store<PersistentVolumeClaim>,
+    volumes: &Store<PersistentVolume>,
+    classes: &Store<StorageClass>,
+) -> Option<ClaimNeeds> {
+    let ns = pod.namespace().unwrap_or_default();
+    let mut needs = ClaimNeeds::default();
+    for v in pod.spec.as_ref()?.volumes.iter().flatten() {
+        let Some(source) = &v.persistent_volume_claim else { continue };
+        let claim = claims.get(&ObjectRef::new(&source.claim_name).within(&ns))?;
+        let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+        if bound {
+            // A claim marked Bound without a PV (network storage): reachable from every node.
+            if let Some(pv) = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
+                let pv = volumes.get(&ObjectRef::new(pv))?;
+                if let Some(required) = pv.spec.as_ref()?.node_affinity.as_ref().and_then(|a| a.required.clone()) {
+                    needs.affinity.push(required);
+                }
+            }
+            continue;
+        }
+        let class = claim.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()).and_then(|c| classes.get(&ObjectRef::new(c)))?;
+        if class.volume_binding_mode.as_deref() != Some("WaitForFirstConsumer") {
+            return None; // its provisioner binds it without a consumer: wait for that
+        }
+        needs.waiting.push(claim);
+    }
+    Some(needs)
+}
+
+/// Writes `volume.kubernetes.io/selected-node: node` on each waiting claim that lacks it (as
+/// kube-scheduler's PreBind does); the pod is bound on a later pass, once they are `Bound`.
+async fn select_node(client: &kube::Client, waiting: &[Arc<PersistentVolumeClaim>], node: &str) {
+    for claim in waiting.iter().filter(|c| c.annotations().get(SELECTED_NODE).is_none()) {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &claim.namespace().unwrap_or_default());
+        let patch = json!({"metadata": {"annotations": {SELECTED_NODE: node}}});
+        // A failure is retried on the next event (the claim's store copy still lacks it).
+        let _ = api.patch(&claim.name_any(), &PatchParams::default(), &Patch::Merge(patch)).await;
+    }
+}
+
+fn fit(pods: &Store<Pod>, nodes: &Store<Node>, pod: &Pod, needs: &ClaimNeeds) -> Option<String> {
     let selector = pod.spec.as_ref().and_then(|s| s.node_selector.clone()).unwrap_or_default();
     let load = |n: &str| pods.state().iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n)).count();
     nodes
@@ -65,9 +159,36 @@ fn fit(pods: &Store<Pod>, nodes: &Store<Node>, pod: &Pod) -> Option<String> {
                 && spec.taints.unwrap_or_default().is_empty()
                 && selector.iter().all(|(k, v)| n.labels().get(k) == Some(v))
                 && hostname_affinity(pod).is_none_or(|names| names.iter().any(|h| n.labels().get("kubernetes.io/hostname") == Some(h)))
+                && needs.affinity.iter().all(|a| selects(a, n))
+                && needs.waiting.iter().all(|c| c.annotations().get(SELECTED_NODE).is_none_or(|s| *s == n.name_any()))
         })
         .map(|n| n.name_any())
         .min_by_key(|n| (load(n), n.clone()))
+}
+
+/// Whether `node` matches `selector`: any of its terms, a term when all its expressions hold
+/// (`In`, `NotIn`, `Exists`, `DoesNotExist` on the node's labels; `matchFields` on
+/// `metadata.name`), as Kubernetes evaluates a PV's node affinity.
+fn selects(selector: &NodeSelector, node: &Node) -> bool {
+    let labels = node.labels();
+    let name = node.name_any();
+    selector.node_selector_terms.iter().any(|t| {
+        let by_label = t.match_expressions.iter().flatten().all(|e| {
+            let values = e.values.clone().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
+                "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
+                "Exists" => labels.contains_key(&e.key),
+                "DoesNotExist" => !labels.contains_key(&e.key),
+                _ => false,
+            }
+        });
+        let by_field = t.match_fields.iter().flatten().all(|f| {
+            let values = f.values.clone().unwrap_or_default();
+            f.key == "metadata.name" && (f.operator == "In") == values.contains(&name)
+        });
+        by_label && by_field
+    })
 }
 
 /// The hostnames a pod's required node affinity allows (`kubernetes.io/hostname In [...]`, the
@@ -133,6 +254,8 @@ struct Running {
 /// When such a pod is deleted while a process still holds a file of a claim no other pod on
 /// the node mounts, a line goes to `ROOT/detached-in-use`: on real storage the claim would be
 /// detached under that process (a guest I/O error); tests assert the file stays absent.
+/// A claim is found as the module docs say ([`claim_dir`]); a pod whose claim's PV has node
+/// affinity that excludes this node fails, with the kubelet's words for it.
 pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
     let (node, root) = (node.to_owned(), root.to_owned());
     Task(tokio::spawn(async move {
@@ -146,7 +269,7 @@ pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
                 let uid = pod.uid().unwrap_or_default();
                 let finished = pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed");
                 if !running.contains_key(&uid) && !finished {
-                    match start(&client, pod, &root).await {
+                    match start(&client, pod, &root, &node).await {
                         Ok(r) => {
                             running.insert(uid, r);
                         }
@@ -211,7 +334,7 @@ fn host_path(pod: &Pod, root: &Path, arg: &str) -> Option<PathBuf> {
     })
 }
 
-async fn start(client: &kube::Client, pod: &Pod, root: &Path) -> Result<Running, String> {
+async fn start(client: &kube::Client, pod: &Pod, root: &Path, node: &str) -> Result<Running, String> {
     let spec = pod.spec.clone().unwrap_or_default();
     for v in spec.volumes.iter().flatten() {
         if let Some(hp) = &v.host_path {
@@ -233,7 +356,13 @@ async fn start(client: &kube::Client, pod: &Pod, root: &Path) -> Result<Running,
     std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
     let log = std::fs::File::create(logs.join(format!("{}.log", pod.uid().unwrap_or_default()))).map_err(|e| e.to_string())?;
     let (mut cmd, claims) = if isolated {
-        start_isolated(pod, root, &argv)?
+        let mut dirs = HashMap::new();
+        for v in spec.volumes.iter().flatten() {
+            if let Some(pvc) = &v.persistent_volume_claim {
+                dirs.insert(v.name.clone(), claim_dir(client, pod, root, node, &pvc.claim_name).await?);
+            }
+        }
+        start_isolated(pod, root, &argv, &dirs)?
     } else {
         let mut cmd = tokio::process::Command::new("unshare");
         cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).args(&argv);
@@ -274,21 +403,55 @@ async fn report(client: &kube::Client, pod: &Pod, status: serde_json::Value) {
     let _ = api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(json!({"status": status}))).await;
 }
 
+/// Where claim `name` of `pod`'s namespace is on node `node` (root `root`): its PV's
+/// `local.path` (or `hostPath`) under `root` when the claim names a PV, else the shared
+/// directory `ROOT/../csi/NS/NAME` (a claim a test marked `Bound` without a PV). A PV whose
+/// node affinity excludes this node is refused as the kubelet refuses it.
+async fn claim_dir(client: &kube::Client, pod: &Pod, root: &Path, node: &str, name: &str) -> Result<PathBuf, String> {
+    let ns = pod.namespace().unwrap_or_default();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let claim = claims.get(name).await.map_err(|e| format!("persistentvolumeclaim \"{name}\": {e}"))?;
+    let Some(pv_name) = claim.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
+        return Ok(root.join("../csi").join(&ns).join(name));
+    };
+    let pv =
+        Api::<PersistentVolume>::all(client.clone()).get(&pv_name).await.map_err(|e| format!("persistentvolume \"{pv_name}\": {e}"))?;
+    let spec = pv.spec.clone().unwrap_or_default();
+    if let Some(required) = spec.node_affinity.as_ref().and_then(|a| a.required.as_ref()) {
+        let here = Api::<Node>::all(client.clone()).get(node).await.map_err(|e| format!("node \"{node}\": {e}"))?;
+        if !selects(required, &here) {
+            return Err(format!("MountVolume.NodeAffinity check failed for volume \"{pv_name}\" : no matching NodeSelectorTerms"));
+        }
+    }
+    let path = spec
+        .local
+        .map(|l| l.path)
+        .or(spec.host_path.map(|h| h.path))
+        .ok_or(format!("persistentvolume \"{pv_name}\": neither local nor hostPath (the stand-in kubelet mounts only those)"))?;
+    Ok(PathBuf::from(format!("{}{path}", root.display())))
+}
+
 /// The command running `argv` in a mount namespace and root of its own (see [`kubelet`]), and
-/// the claim directories it mounts. `unshare` execs (no fork), so the PID is the pod's process.
-fn start_isolated(pod: &Pod, root: &Path, argv: &[String]) -> Result<(tokio::process::Command, Vec<PathBuf>), String> {
+/// the claim directories it mounts (`claims`: each claim volume's directory on this node).
+/// `unshare` execs (no fork), so the PID is the pod's process.
+fn start_isolated(
+    pod: &Pod,
+    root: &Path,
+    argv: &[String],
+    claims: &HashMap<String, PathBuf>,
+) -> Result<(tokio::process::Command, Vec<PathBuf>), String> {
     let spec = pod.spec.clone().unwrap_or_default();
     let c = spec.containers.first().ok_or("no container")?;
     let uid = pod.uid().unwrap_or_default();
     let pod_root = root.join("pod-roots").join(&uid);
     std::fs::create_dir_all(&pod_root).map_err(|e| format!("{}: {e}", pod_root.display()))?;
     let mut binds: Vec<(PathBuf, String)> = Vec::new();
-    let mut claims = Vec::new();
+    let mut mounted = Vec::new();
     for m in c.volume_mounts.iter().flatten() {
         let v = spec.volumes.iter().flatten().find(|v| v.name == m.name).ok_or(format!("no volume {}", m.name))?;
-        let host = if let Some(pvc) = &v.persistent_volume_claim {
-            let dir = root.join("../csi").join(pod.namespace().unwrap_or_default()).join(&pvc.claim_name);
-            claims.push(dir.clone());
+        let host = if v.persistent_volume_claim.is_some() {
+            let dir = claims.get(&v.name).cloned().ok_or(format!("volume {}: its claim was not resolved", v.name))?;
+            mounted.push(dir.clone());
             dir
         } else if v.empty_dir.is_some() {
             root.join("var/lib/kubelet/pods").join(&uid).join("volumes/kubernetes.io~empty-dir").join(&v.name)
@@ -320,7 +483,7 @@ exec chroot "$R" "$@"
         inside[0] = "/virtplug".to_owned();
     }
     cmd.args(&inside);
-    Ok((cmd, claims))
+    Ok((cmd, mounted))
 }
 
 /// The processes (`PID (comm)`) holding a file of `dir` open, matched by device and inode
@@ -338,4 +501,89 @@ fn holders_under(dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// The provisioner name of the StorageClasses [`csi`] serves.
+#[allow(dead_code)] // tests/rbac.rs uses the scheduler and kubelet only
+pub const CSI_PROVISIONER: &str = "standin.csi.virtplug.test";
+/// Where [`csi`] makes a volume on its node (a node path: `ROOT/var/lib/standin-csi/pvc-UID`).
+#[allow(dead_code)]
+pub const CSI_DIR: &str = "/var/lib/standin-csi";
+
+/// STAND-IN for a CSI driver of node-local volumes and its external-provisioner (with the part
+/// of Kubernetes' PV controller that completes a binding), for StorageClasses whose provisioner
+/// is [`CSI_PROVISIONER`] and whose `volumeBindingMode` is `WaitForFirstConsumer` (claims of an
+/// `Immediate` class of it are left alone: a node-local volume needs a node). A claim of such a
+/// class that the scheduler gave `volume.kubernetes.io/selected-node: N` gets, in order: a
+/// directory `CSI_DIR/pvc-UID` on node N (root `nodes/N`, the kubelet stand-in's root); a PV
+/// `pvc-UID` with `local.path` there, node affinity `kubernetes.io/hostname In [N]`, the claim
+/// in `claimRef`, the requested capacity, `Bound`; the claim's `spec.volumeName` and binding
+/// annotations; the claim's status `Bound` with capacity and access modes. Each step is
+/// idempotent and retried on the next claim or class event when it fails.
+#[allow(dead_code)]
+pub fn csi(client: kube::Client, nodes: &Path) -> Task {
+    let nodes = nodes.to_owned();
+    Task(tokio::spawn(async move {
+        let (claims, cw) = reflector::store::<PersistentVolumeClaim>();
+        let (classes, sw) = reflector::store::<StorageClass>();
+        let mut events = futures::stream::select(
+            reflector::reflector(cw, watcher(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default()))
+                .default_backoff()
+                .map(|_| ())
+                .boxed(),
+            reflector::reflector(sw, watcher(Api::<StorageClass>::all(client.clone()), watcher::Config::default()))
+                .default_backoff()
+                .map(|_| ())
+                .boxed(),
+        );
+        while events.next().await.is_some() {
+            for claim in claims.state() {
+                let spec = claim.spec.clone().unwrap_or_default();
+                let pending = claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound");
+                let class = spec.storage_class_name.as_deref().and_then(|c| classes.get(&ObjectRef::new(c)));
+                let ours = class
+                    .as_ref()
+                    .is_some_and(|c| c.provisioner == CSI_PROVISIONER && c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
+                let Some(node) = claim.annotations().get(SELECTED_NODE).filter(|_| ours && pending) else { continue };
+                if let Err(e) = provision(&client, &claim, &nodes.join(node), node).await {
+                    eprintln!("stand-in CSI: claim {}/{}: {e}", claim.namespace().unwrap_or_default(), claim.name_any());
+                }
+            }
+        }
+    }))
+}
+
+/// [`csi`]'s steps for one claim on `node`, whose root is `node_root`.
+async fn provision(client: &kube::Client, claim: &PersistentVolumeClaim, node_root: &Path, node: &str) -> Result<(), String> {
+    let (ns, name, uid) = (claim.namespace().unwrap_or_default(), claim.name_any(), claim.uid().ok_or("no uid")?);
+    let spec = claim.spec.clone().unwrap_or_default();
+    let size = spec.resources.as_ref().and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage")).ok_or("no storage request")?;
+    let modes = spec.access_modes.clone().unwrap_or_else(|| vec!["ReadWriteOnce".to_owned()]);
+    let pv_name = format!("pvc-{uid}");
+    let path = format!("{CSI_DIR}/{pv_name}");
+    let dir = PathBuf::from(format!("{}{path}", node_root.display()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": pv_name, "annotations": {"pv.kubernetes.io/provisioned-by": CSI_PROVISIONER}},
+        "spec": {"capacity": {"storage": size}, "accessModes": modes, "volumeMode": spec.volume_mode.clone().unwrap_or_else(|| "Filesystem".into()),
+                 "local": {"path": path}, "storageClassName": spec.storage_class_name, "persistentVolumeReclaimPolicy": "Delete",
+                 "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": ns, "name": name, "uid": uid},
+                 "nodeAffinity": {"required": {"nodeSelectorTerms": [
+                     {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}});
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    match pvs.create(&PostParams::default(), &serde_json::from_value(pv).map_err(|e| e.to_string())?).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {} // made on an earlier pass
+        Err(e) => return Err(format!("create PV {pv_name}: {e}")),
+    }
+    let bound = json!({"status": {"phase": "Bound"}});
+    pvs.patch_status(&pv_name, &PatchParams::default(), &Patch::Merge(bound)).await.map_err(|e| format!("PV {pv_name} Bound: {e}"))?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let annotations: BTreeMap<&str, &str> =
+        BTreeMap::from([("pv.kubernetes.io/bind-completed", "yes"), ("pv.kubernetes.io/bound-by-controller", "yes")]);
+    let volume = json!({"metadata": {"annotations": annotations}, "spec": {"volumeName": pv_name}});
+    claims.patch(&name, &PatchParams::default(), &Patch::Merge(volume)).await.map_err(|e| format!("claim's volumeName: {e}"))?;
+    let status = json!({"status": {"phase": "Bound", "accessModes": modes, "capacity": {"storage": size}}});
+    claims.patch_status(&name, &PatchParams::default(), &Patch::Merge(status)).await.map_err(|e| format!("claim Bound: {e}"))?;
+    Ok(())
 }
