@@ -103,6 +103,16 @@ struct Cluster {
     client: kube::Client,
 }
 
+/// What [`Cluster::pods_mode`] started; dropped, it stops them, the kubelets first and the
+/// controller last (fields drop in declaration order).
+struct PodsMode {
+    _kubelets: [standins::Task; 2],
+    _scheduler: standins::Task,
+    n2: Proc,
+    _n1: Proc,
+    ctl: Proc,
+}
+
 impl Drop for Cluster {
     /// The guests outlive their agents by design: stop every QEMU this test's nodes started (by
     /// PID as the agent finds it, `qemu::process::adopt`: checked against the process's command
@@ -148,6 +158,34 @@ impl Cluster {
         let mut args = vec!["controller", "--kubeconfig", &kc, "--health-listen", "127.0.0.1:0", "--leader-election-identity", identity];
         args.extend(extra);
         Proc::start(&args)
+    }
+
+    /// Launcher-pods mode on nodes n1 and n2 (registered first): controller `c` placing pods,
+    /// agents with launcher pods (with `attachment_pods`, also the stand-in kubelet's pods dir,
+    /// which attachment pods are opened through), the stand-in scheduler and a stand-in kubelet
+    /// per node (each node's file system is DIR/NODE; the agents' run dirs, DATA_DIR/node/vmis
+    /// with DATA_DIR = DIR/NODE, are the pods' hostPath /node/vmis/UID there).
+    async fn pods_mode(&self, attachment_pods: bool) -> PodsMode {
+        self.kubelet_nodes(&["n1", "n2"]).await;
+        let ctl = self.controller(
+            "c",
+            &["--leader-elect=false", "--placement", "pods", "--launcher-image", "virtplug:test", "--launcher-run-root", "/node/vmis"],
+        );
+        let agent = |n: &str| {
+            let pods_dir = self.dir.path().join(n).join("var/lib/kubelet/pods").display().to_string();
+            let extra: &[&str] = if attachment_pods { &["--launcher-pods", "--kubelet-pods-dir", &pods_dir] } else { &["--launcher-pods"] };
+            self.node_with(n, extra)
+        };
+        PodsMode {
+            ctl,
+            _n1: agent("n1"),
+            n2: agent("n2"),
+            _scheduler: standins::scheduler(self.client.clone()),
+            _kubelets: [
+                standins::kubelet(self.client.clone(), "n1", &self.dir.path().join("n1")),
+                standins::kubelet(self.client.clone(), "n2", &self.dir.path().join("n2")),
+            ],
+        }
     }
 
     fn node(&self, name: &str) -> Proc {
@@ -394,20 +432,7 @@ fn parent_of(pid: rustix::process::Pid) -> (i32, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn launcher_pods_are_placed_by_the_scheduler_and_own_their_qemu() {
     let c = Cluster::start().await;
-    c.kubelet_nodes(&["n1", "n2"]).await;
-    // Each node's file system is DIR/NODE for its kubelet stand-in; the agents' run dirs
-    // (DATA_DIR/node/vmis, DATA_DIR = DIR/NODE) are the pods' hostPath /node/vmis/UID there.
-    let _ctl = c.controller(
-        "c",
-        &["--leader-elect=false", "--placement", "pods", "--launcher-image", "virtplug:test", "--launcher-run-root", "/node/vmis"],
-    );
-    let _n1 = c.node_with("n1", &["--launcher-pods"]);
-    let mut n2 = c.node_with("n2", &["--launcher-pods"]);
-    let _scheduler = standins::scheduler(c.client.clone());
-    let _kubelets = [
-        standins::kubelet(c.client.clone(), "n1", &c.dir.path().join("n1")),
-        standins::kubelet(c.client.clone(), "n2", &c.dir.path().join("n2")),
-    ];
+    let mut started = c.pods_mode(false).await;
 
     // n2 by its selector: not where the fewest-VMIs-then-name rule alone would put it.
     let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
@@ -434,13 +459,13 @@ async fn launcher_pods_are_placed_by_the_scheduler_and_own_their_qemu() {
     let qemu = qemu_pid(&run_dir);
     let in_pod: i32 = std::fs::read_to_string(run_dir.join("qemu.pid")).unwrap().trim().parse().unwrap();
     assert_ne!(in_pod, qemu.as_raw_nonzero().get(), "the pod's PID namespace: QEMU's pidfile holds its PID there, not here");
-    n2.line(&format!("QEMU {} started", qemu.as_raw_nonzero()), "the agent to report QEMU's PID as the node sees it").await;
+    started.n2.line(&format!("QEMU {} started", qemu.as_raw_nonzero()), "the agent to report QEMU's PID as the node sees it").await;
     let (parent, cmdline) = parent_of(qemu);
     assert!(cmdline.contains(" launcher --uid ") && cmdline.contains(&uid), "QEMU's parent is the launcher, not the agent: {cmdline}");
-    assert_ne!(parent, n2.pid().as_raw_nonzero().get());
+    assert_ne!(parent, started.n2.pid().as_raw_nonzero().get());
 
     // The agent dies: the guest does not; the next agent adopts the same QEMU.
-    n2.kill9();
+    started.n2.kill9();
     assert!(alive(qemu), "the guest keeps running without its agent");
     let n2 = c.node_with("n2", &["--launcher-pods"]);
     n2.line(&format!("adopted QEMU {}", qemu.as_raw_nonzero()), "the restarted agent to adopt the launcher's QEMU").await;
@@ -462,7 +487,7 @@ async fn launcher_pods_are_placed_by_the_scheduler_and_own_their_qemu() {
     let next_pod = launcher_pod(&c, &next_uid, "the new VMI's launcher pod").await;
     assert_ne!(next_pod.name_any(), pod.name_any());
     let failed = client::events::list(&c.client, "default", "lp", "LauncherPodGone").await.unwrap_or_default();
-    let why = _ctl.output();
+    let why = started.ctl.output();
     assert!(
         !failed.is_empty() || why.contains("the launcher pod is gone") || why.contains("failed: the VM's QEMU exited"),
         "the old VMI failed for its pod: {why}"
@@ -696,19 +721,7 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
         return;
     }
     let c = Cluster::start().await;
-    c.kubelet_nodes(&["n1", "n2"]).await;
-    let _ctl = c.controller(
-        "c",
-        &["--leader-elect=false", "--placement", "pods", "--launcher-image", "virtplug:test", "--launcher-run-root", "/node/vmis"],
-    );
-    let pods_dir = |n: &str| c.dir.path().join(n).join("var/lib/kubelet/pods").display().to_string();
-    let _n1 = c.node_with("n1", &["--launcher-pods", "--kubelet-pods-dir", &pods_dir("n1")]);
-    let _n2 = c.node_with("n2", &["--launcher-pods", "--kubelet-pods-dir", &pods_dir("n2")]);
-    let _scheduler = standins::scheduler(c.client.clone());
-    let _kubelets = [
-        standins::kubelet(c.client.clone(), "n1", &c.dir.path().join("n1")),
-        standins::kubelet(c.client.clone(), "n2", &c.dir.path().join("n2")),
-    ];
+    let _pods = c.pods_mode(true).await;
     csi_claim(&c, "hp1", "64Mi").await;
     csi_claim(&c, "hp2", "32Mi").await;
 
@@ -827,20 +840,8 @@ async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod
         return;
     }
     let c = Cluster::start().await;
-    c.kubelet_nodes(&["n1", "n2"]).await;
-    let _ctl = c.controller(
-        "c",
-        &["--leader-elect=false", "--placement", "pods", "--launcher-image", "virtplug:test", "--launcher-run-root", "/node/vmis"],
-    );
-    let pods_dir = |n: &str| c.dir.path().join(n).join("var/lib/kubelet/pods").display().to_string();
-    let _n1 = c.node_with("n1", &["--launcher-pods", "--kubelet-pods-dir", &pods_dir("n1")]);
-    let _n2 = c.node_with("n2", &["--launcher-pods", "--kubelet-pods-dir", &pods_dir("n2")]);
-    let _scheduler = standins::scheduler(c.client.clone());
+    let _pods = c.pods_mode(true).await;
     let _csi = standins::csi(c.client.clone(), c.dir.path());
-    let _kubelets = [
-        standins::kubelet(c.client.clone(), "n1", &c.dir.path().join("n1")),
-        standins::kubelet(c.client.clone(), "n2", &c.dir.path().join("n2")),
-    ];
     let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(c.client.clone());
     let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "standin-local"},
         "provisioner": standins::CSI_PROVISIONER, "volumeBindingMode": "WaitForFirstConsumer"});
