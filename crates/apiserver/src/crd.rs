@@ -168,6 +168,7 @@ pub fn defs(crd: &Value) -> Result<Vec<&'static ResourceDef>, String> {
             field_labels: leak_list(Some(&Value::Array(selectable))),
             review: None,
             crd: Some(Box::leak(Box::new(served))),
+            actions: &[],
         };
         out.push(&*Box::leak(Box::new(def)));
     }

@@ -53,6 +53,20 @@ pub struct ResourceDef {
     /// Served from a CustomResourceDefinition: its schema, printer columns and scale
     /// subresource ([`crate::crd`]).
     pub crd: Option<&'static crate::crd::Served>,
+    /// Subresources with handlers of their own (routes.rs) besides `/status` and `/scale`, as
+    /// discovery lists them.
+    pub actions: &'static [Action],
+}
+
+/// A subresource served by a handler of its own, for discovery (`pods/binding`).
+#[derive(Clone, Copy, Debug)]
+pub struct Action {
+    /// `binding` of `pods/binding`.
+    pub name: &'static str,
+    /// The body's kind, with its group and version where they are not the resource's.
+    pub kind: &'static str,
+    pub group_version: Option<(&'static str, &'static str)>,
+    pub verbs: &'static [&'static str],
 }
 
 /// The rule an object's name follows (kube-apiserver's `ValidateObjectMeta` name function).
@@ -169,6 +183,7 @@ const CORE: ResourceDef = ResourceDef {
     field_labels: &[],
     review: None,
     crd: None,
+    actions: &[],
 };
 
 /// The built-in resources. Custom resources (KubeVirt's and CDI's among them) are served from
@@ -237,6 +252,12 @@ pub static RESOURCES: &[ResourceDef] = &[
         short_names: &["sa"],
         validate: Some(crate::kinds::serviceaccount::validate),
         strategy: Some(&crate::kinds::serviceaccount::STRATEGY),
+        actions: &[Action {
+            name: "token",
+            kind: "TokenRequest",
+            group_version: Some(("authentication.k8s.io", "v1")),
+            verbs: &["create"],
+        }],
         ..CORE
     },
     ResourceDef {
@@ -249,6 +270,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         validate: Some(crate::kinds::pod::validate),
         strategy: Some(&crate::kinds::pod::STRATEGY),
         field_labels: crate::kinds::pod::FIELD_LABELS,
+        actions: &[Action { name: "binding", kind: "Binding", group_version: None, verbs: &["create"] }],
         ..CORE
     },
     ResourceDef {
@@ -550,14 +572,13 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
             resources.push(json!({"name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
                                    "kind": r.kind, "verbs": ["get", "patch", "update"]}));
         }
-        // Core subresources with handlers of their own (routes.rs), as kube-apiserver lists them.
-        match (r.group, r.plural) {
-            ("", "pods") => resources.push(json!({"name": "pods/binding", "singularName": "", "namespaced": true, "kind": "Binding",
-                                                  "verbs": ["create"]})),
-            ("", "serviceaccounts") => resources.push(json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true,
-                                                             "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest",
-                                                             "verbs": ["create"]})),
-            _ => {}
+        for a in r.actions {
+            let mut sub = json!({"name": format!("{}/{}", r.plural, a.name), "singularName": "", "namespaced": r.namespaced,
+                                 "kind": a.kind, "verbs": a.verbs});
+            if let Some((group, version)) = a.group_version {
+                (sub["group"], sub["version"]) = (json!(group), json!(version));
+            }
+            resources.push(sub);
         }
         if r.crd.is_some_and(|c| c.scale.is_some()) {
             resources.push(json!({"name": format!("{}/scale", r.plural), "singularName": "", "namespaced": r.namespaced,
