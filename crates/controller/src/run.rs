@@ -91,12 +91,19 @@ fn vms_using(store: &Store<VirtualMachine>, ns: &str, claim: &str) -> Vec<Object
         .collect()
 }
 
-/// The VMs naming a claim of StorageClass `class` (whose binding mode decides whether an
-/// unbound claim is carried by an attachment pod).
-fn vms_using_class(vms: &Store<VirtualMachine>, pvcs: &Store<PersistentVolumeClaim>, class: &str) -> Vec<ObjectRef<VirtualMachine>> {
+/// The VMs a StorageClass event may unblock: those naming an unbound claim of `class` when the
+/// class waits for its first consumer (such a claim is then carried by an attachment pod). An
+/// `Immediate` class changes no decision (a class the store does not know counts as one), and
+/// `volumeBindingMode` cannot change once set: its other events wake nothing.
+fn vms_using_class(vms: &Store<VirtualMachine>, pvcs: &Store<PersistentVolumeClaim>, sc: &StorageClass) -> Vec<ObjectRef<VirtualMachine>> {
+    if sc.volume_binding_mode.as_deref() != Some(crate::storage::class::WAIT_FOR_FIRST_CONSUMER) {
+        return Vec::new();
+    }
+    let class = sc.name_any();
     pvcs.state()
         .iter()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(class))
+        .filter(|p| !api::phases::ClaimPhase::is_bound(p))
+        .filter(|p| p.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(class.as_str()))
         .flat_map(|p| vms_using(vms, &p.namespace().unwrap_or_default(), &p.name_any()))
         .collect()
 }
@@ -152,20 +159,15 @@ pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client
     let (nodes, node_events) = stored::<Node>(&client);
     // Pods, and the StorageClasses that say whether a pod must consume a claim before it
     // binds, are watched only when the controller makes pods.
-    let (classes, class_events) = if config.placement == crate::lifecycle::Placement::Direct {
-        (reflector::store().0, futures::stream::empty().boxed())
+    let ((classes, class_events), (pods, pod_events)) = if config.placement == crate::lifecycle::Placement::Direct {
+        ((reflector::store().0, futures::stream::empty().boxed()), (reflector::store().0, futures::stream::empty().boxed()))
     } else {
-        let (store, events) = stored::<StorageClass>(&client);
-        (store, events.boxed())
-    };
-    let (pods, pod_events) = if config.placement == crate::lifecycle::Placement::Direct {
-        (reflector::store().0, futures::stream::empty().boxed())
-    } else {
+        let (class_store, class_events) = stored::<StorageClass>(&client);
         let (writer_store, writer) = reflector::store();
         // Launcher and attachment pods (`kubevirt.io` = `virt-launcher` / `hotplug-disk`).
         let selector = crate::lifecycle::launcher_pod::APP_LABEL.to_owned();
         let watch = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(&selector));
-        (writer_store, reflector::reflector(writer, watch).touched_objects().boxed())
+        ((class_store, class_events.boxed()), (writer_store, reflector::reflector(writer, watch).touched_objects().boxed()))
     };
     let timeout = config.node_heartbeat_timeout.unwrap_or(crate::nodes::DEFAULT_HEARTBEAT_TIMEOUT);
     tasks.spawn(crate::nodes::run(client.clone(), timeout));
@@ -180,7 +182,7 @@ pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client
         .watches_stream(dv_events, move |d| vms_using(&s2, &d.namespace().unwrap_or_default(), &d.name_any()))
         .watches_stream(node_events, move |n| vms_waiting_for(&s3, &n.name_any()))
         // A class created or changed after its claims: their VMs decide again.
-        .watches_stream(class_events, move |sc: StorageClass| vms_using_class(&s4, &claims, &sc.name_any()))
+        .watches_stream(class_events, move |sc: StorageClass| vms_using_class(&s4, &claims, &sc))
         // A launcher or attachment pod wakes the VM its label names (the VMI's name is the VM's).
         .watches_stream(pod_events, |p: Pod| {
             let vm = p.labels().get(crate::lifecycle::VM_LABEL)?.clone();
