@@ -883,7 +883,7 @@ async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod
     guest_has(&log, &["late"]).await;
 
     let bound = pvcs.get("late").await.unwrap();
-    assert_eq!(bound.annotations().get("volume.kubernetes.io/selected-node").map(String::as_str), Some("n2"), "the VMI's node");
+    assert_eq!(bound.annotations().get(controller::storage::class::ANN_SELECTED_NODE).map(String::as_str), Some("n2"), "the VMI's node");
     assert_eq!(bound.status.as_ref().unwrap().phase.as_deref(), Some("Bound"));
     let pv_name = bound.spec.as_ref().unwrap().volume_name.clone().expect("bound to a PV");
     assert_eq!(pv_name, format!("pvc-{}", bound.uid().unwrap()));
@@ -921,7 +921,7 @@ async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod
     assert!(!before.is_empty(), "the watch saw the claim before the plug");
     for p in &before {
         assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"), "no consumer, no binding: {p:?}");
-        assert!(!p.annotations().contains_key("volume.kubernetes.io/selected-node"), "no consumer, no node: {p:?}");
+        assert!(!p.annotations().contains_key(controller::storage::class::ANN_SELECTED_NODE), "no consumer, no node: {p:?}");
     }
     let made: std::collections::BTreeSet<String> = versions.iter().map(|p| p.uid().unwrap()).collect();
     assert_eq!(made.len(), 1, "the claim's binding did not replace the attachment pod: {made:?}");

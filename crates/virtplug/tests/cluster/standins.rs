@@ -23,8 +23,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use serde_json::json;
 
-/// The claim annotation naming the node the scheduler chose for a pod using the claim.
-const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+// Kubernetes' names, as the controller spells them: the claim annotation naming the node the
+// scheduler chose for a pod using the claim, and the binding mode that waits for that pod.
+use controller::storage::class::{ANN_SELECTED_NODE as SELECTED_NODE, WAIT_FOR_FIRST_CONSUMER};
 
 /// A task aborted when dropped (the stand-in stops with the test).
 pub struct Task(tokio::task::JoinHandle<()>);
@@ -110,7 +111,7 @@ fn claim_needs(
     for v in pod.spec.as_ref()?.volumes.iter().flatten() {
         let Some(source) = &v.persistent_volume_claim else { continue };
         let claim = claims.get(&ObjectRef::new(&source.claim_name).within(&ns))?;
-        let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+        let bound = api::phases::ClaimPhase::is_bound(&claim);
         if bound {
             // A claim marked Bound without a PV (network storage): reachable from every node.
             if let Some(pv) = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
@@ -122,7 +123,7 @@ fn claim_needs(
             continue;
         }
         let class = claim.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()).and_then(|c| classes.get(&ObjectRef::new(c)))?;
-        if class.volume_binding_mode.as_deref() != Some("WaitForFirstConsumer") {
+        if class.volume_binding_mode.as_deref() != Some(WAIT_FOR_FIRST_CONSUMER) {
             return None; // its provisioner binds it without a consumer: wait for that
         }
         needs.waiting.push(claim);
@@ -539,11 +540,11 @@ pub fn csi(client: kube::Client, nodes: &Path) -> Task {
         while events.next().await.is_some() {
             for claim in claims.state() {
                 let spec = claim.spec.clone().unwrap_or_default();
-                let pending = claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound");
+                let pending = !api::phases::ClaimPhase::is_bound(&claim);
                 let class = spec.storage_class_name.as_deref().and_then(|c| classes.get(&ObjectRef::new(c)));
                 let ours = class
                     .as_ref()
-                    .is_some_and(|c| c.provisioner == CSI_PROVISIONER && c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
+                    .is_some_and(|c| c.provisioner == CSI_PROVISIONER && c.volume_binding_mode.as_deref() == Some(WAIT_FOR_FIRST_CONSUMER));
                 let Some(node) = claim.annotations().get(SELECTED_NODE).filter(|_| ours && pending) else { continue };
                 if let Err(e) = provision(&client, &claim, &nodes.join(node), node).await {
                     eprintln!("stand-in CSI: claim {}/{}: {e}", claim.namespace().unwrap_or_default(), claim.name_any());
