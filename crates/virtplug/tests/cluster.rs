@@ -899,20 +899,21 @@ async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod
     assert!(!c.dir.path().join("n1").join(standins::CSI_DIR.trim_start_matches('/')).exists(), "nothing was made on n1");
 
     // The order of binding, by the server's revisions: the claim was Bound before the pod got
-    // its node (the scheduler waited for the provisioner), and only one pod was ever made.
-    let claim_bound = claim_versions
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-        .map(revision)
-        .expect("the watch saw the claim Bound");
+    // its node (the stand-in scheduler waited for the stand-in provisioner, as Kubernetes' volume
+    // binding does: this checks the simulation, not virtplug), and only one pod was ever made.
+    // The recording watches may still be behind the reads above: each is waited for.
+    let claim_bound = common::wait_until(T, "the claim watch to deliver the Bound version", || {
+        let found = claim_versions.lock().unwrap().iter().find(|p| api::phases::ClaimPhase::is_bound(p)).map(revision);
+        async move { found }
+    })
+    .await;
+    let pod_bound = common::wait_until(T, "the pod watch to deliver the version with a node", || {
+        let found =
+            pod_versions.lock().unwrap().iter().find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some()).map(revision);
+        async move { found }
+    })
+    .await;
     let versions = pod_versions.lock().unwrap().clone();
-    let pod_bound = versions
-        .iter()
-        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some())
-        .map(revision)
-        .expect("the watch saw the pod bound");
     assert!(claim_bound < pod_bound, "the claim was Bound (revision {claim_bound}) before its pod was bound (revision {pod_bound})");
     // The watch delivers in revision order and has delivered the Bound version, so it holds
     // every version before the plug: through the guest's whole boot, with no consumer, the
