@@ -650,12 +650,13 @@ async fn controller_and_agent_refuse_to_run_beside_kubevirt() {
     }
 }
 
-/// A Filesystem claim bound by the STAND-IN CSI (standins' `ROOT/../csi/NS/NAME` directory):
-/// created, then its status set `Bound` with its capacity, as a provisioner would.
-async fn csi_claim(c: &Cluster, name: &str, size: &str) {
+/// A claim bound by the STAND-IN CSI (standins' `ROOT/../csi/NS/NAME` directory; for `Block`
+/// mode the caller puts its `block.img` there first): created, then its status set `Bound` with
+/// its capacity, as a provisioner would.
+async fn csi_claim(c: &Cluster, name: &str, size: &str, mode: &str) {
     let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
     let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem", "resources": {"requests": {"storage": size}}}});
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": mode, "resources": {"requests": {"storage": size}}}});
     pvcs.create(&PostParams::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
     let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size}}});
     pvcs.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
@@ -706,14 +707,23 @@ async fn served_by(c: &Cluster, vm: &str, volumes: &[&str], pod: &Pod, what: &st
     .await;
 }
 
+/// The loop devices attached to `backing` (`losetup -j`).
+fn loop_devices_of(backing: &Path) -> Vec<String> {
+    let out = std::process::Command::new("losetup").arg("-j").arg(backing).output().expect("losetup");
+    String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split(':').next()).map(str::to_owned).collect()
+}
+
 /// Attachment pods (issue 19): with launcher pods, a hot-plugged claim reaches the guest through
-/// an `hp-volume-*` pod on the VMI's node (stand-in kubelet: its own mount namespace with the
-/// claim bind-mounted at `/<volume>`; the holder creates the empty claim's `disk.img`), which
-/// the real agent opens through `/proc/PID/root`. A second claim swaps the pod (the new one
-/// first; the old one deleted only once the new one runs, the first disk staying in the guest),
-/// and unplugging both deletes the last pod. The stand-in kubelet records any pod deleted while
-/// a process still holds a file of a claim that no other pod there mounts (`detached-in-use`):
-/// on real storage that is a guest I/O error; it must never happen.
+/// an `hp-volume-*` pod on the VMI's node, which the real agent opens through `/proc/PID/root`
+/// (stand-in kubelet: the pod in its own mount namespace). First a Block claim: a
+/// `volumeDevice` at `/path/<volume>/<claim uid>`, where the stand-in kubelet binds the loop
+/// device it attached to the claim's bytes; the guest reads those bytes. A second claim, a
+/// Filesystem one (bind-mounted at `/<volume>`; the holder creates the empty claim's
+/// `disk.img`), swaps the pod (the new one first; the old one deleted only once the new one
+/// runs, the first disk staying in the guest on the same device), and unplugging both deletes
+/// the last pod, whose going detaches the loop device. The stand-in kubelet records any pod
+/// deleted while a process still holds a file or device of a claim that no other pod there
+/// uses (`detached-in-use`): on real storage that is a guest I/O error; it must never happen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
     if !common::guest::is_root() {
@@ -722,8 +732,12 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
     }
     let c = Cluster::start().await;
     let _pods = c.pods_mode(true).await;
-    csi_claim(&c, "hp1", "64Mi").await;
-    csi_claim(&c, "hp2", "32Mi").await;
+    let backing = c.dir.path().join("csi/default/hp1/block.img");
+    std::fs::create_dir_all(backing.parent().unwrap()).unwrap();
+    std::fs::write(&backing, b"VP-BLOCKDEVICE01").unwrap();
+    std::fs::File::options().write(true).open(&backing).unwrap().set_len(32 << 20).unwrap();
+    csi_claim(&c, "hp1", "32Mi", "Block").await;
+    csi_claim(&c, "hp2", "64Mi", "Filesystem").await;
 
     let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
     vms.create(&PostParams::default(), &guest_vm("ap", Some("n2"))).await.unwrap();
@@ -751,8 +765,14 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
     assert_eq!(first.spec.as_ref().unwrap().node_name.as_deref(), Some("n2"), "the scheduler honoured the pod's node affinity");
     served_by(&c, "ap", &["hp1"], &first, "hp1's status to name its attachment pod and UID").await;
     guest_has(&log, &["hp1"]).await;
-    let img = c.dir.path().join("csi/default/hp1/disk.img");
-    assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20, "the holder made the empty claim's disk.img, the claim's size");
+    let claim_uid = Api::<PersistentVolumeClaim>::namespaced(c.client.clone(), "default").get("hp1").await.unwrap().uid().unwrap();
+    let devices = serde_json::to_value(&first.spec.as_ref().unwrap().containers[0].volume_devices).unwrap();
+    assert_eq!(devices, json!([{"name": "hp1", "devicePath": format!("/path/hp1/{claim_uid}")}]), "KubeVirt's Block layout");
+    let line = common::guest::console_lines(&log).into_iter().find(|l| l.starts_with("BLOCK+") && l.contains("id=serial.hp1")).unwrap();
+    let head: String = b"VP-BLOCKDEVICE01".iter().map(|b| format!("{b:02x}")).collect();
+    assert!(line.contains(&format!(" {} ", 32u64 << 20 >> 9)) && line.contains(&head), "the claim's size and bytes in the guest: {line}");
+    let device = loop_devices_of(&backing);
+    assert_eq!(device.len(), 1, "one loop device for the claim on n2: {device:?}");
 
     // A second claim: a new pod carrying both; the old one goes only after; hp1 stays.
     set_hotplugged(&vms, "ap", &["hp1", "hp2"]).await;
@@ -771,6 +791,8 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
     .await;
     served_by(&c, "ap", &["hp1", "hp2"], &second, "hp1 and hp2 to name the new attachment pod").await;
     guest_has(&log, &["hp1", "hp2"]).await;
+    let img = c.dir.path().join("csi/default/hp2/disk.img");
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20, "the holder made the empty claim's disk.img, the claim's size");
     common::wait_until(T, "the old attachment pod to be deleted", || {
         let pods = pods.clone();
         let uid = uid.clone();
@@ -783,6 +805,7 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
         ["hp1", "hp2"].iter().map(|s| (*s).to_owned()).collect(),
         "no disk left the guest in the swap"
     );
+    assert_eq!(loop_devices_of(&backing), device, "the Block claim kept its device through the swap");
 
     // Unplug both: the guest loses them, then the last pod goes.
     set_hotplugged(&vms, "ap", &[]).await;
@@ -791,6 +814,11 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
         let pods = pods.clone();
         let uid = uid.clone();
         async move { attachment_pods(&pods, &uid).await.is_empty().then_some(()) }
+    })
+    .await;
+    common::wait_until(T, "the last pod's going to detach the Block claim's loop device", || {
+        let gone = loop_devices_of(&backing).is_empty();
+        async move { gone.then_some(()) }
     })
     .await;
     let early = std::fs::read_to_string(c.dir.path().join("n2/detached-in-use")).unwrap_or_default();
@@ -832,7 +860,8 @@ fn revision<K: kube::Resource>(o: &K) -> u64 {
 /// n2 by the pod's affinity, writes it into the claim's `volume.kubernetes.io/selected-node`,
 /// and binds the pod only after the CSI stand-in made the volume on n2 and bound the claim (the
 /// revisions say so); the PV's node affinity names n2, the data is under n2's directory (none
-/// under n1's); the kubelet (stand-in) mounts it through the PV's path; the guest sees the disk.
+/// under n1's); the kubelet (stand-in) attaches it (a Block claim) through the PV's path; the
+/// guest sees the disk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod() {
     if !common::guest::is_root() {
@@ -848,7 +877,7 @@ async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod
     classes.create(&PostParams::default(), &serde_json::from_value(class).unwrap()).await.unwrap();
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
     let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "late", "namespace": "default"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem", "storageClassName": "standin-local",
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "storageClassName": "standin-local",
                  "resources": {"requests": {"storage": "64Mi"}}}});
     pvcs.create(&PostParams::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
     let (_claim_watch, claim_versions) = record(pvcs.clone(), kube::runtime::watcher::Config::default().fields("metadata.name=late"));
@@ -894,8 +923,11 @@ async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod
         json!([{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n2"]}]}]),
         "the volume was made where the consumer runs"
     );
-    let img = c.dir.path().join("n2").join(standins::CSI_DIR.trim_start_matches('/')).join(&pv_name).join("disk.img");
-    assert_eq!(std::fs::metadata(&img).map(|m| m.len()).ok(), Some(64 << 20), "the holder made disk.img in n2's volume: {}", img.display());
+    let img = c.dir.path().join("n2").join(standins::CSI_DIR.trim_start_matches('/')).join(&pv_name).join("block.img");
+    assert_eq!(std::fs::metadata(&img).map(|m| m.len()).ok(), Some(64 << 20), "the volume's bytes are on n2: {}", img.display());
+    assert_eq!(loop_devices_of(&img).len(), 1, "n2's kubelet attached them for the pod");
+    let line = common::guest::console_lines(&log).into_iter().find(|l| l.starts_with("BLOCK+") && l.contains("id=serial.late")).unwrap();
+    assert!(line.contains(&format!(" {} ", 64u64 << 20 >> 9)), "the guest has the volume's size: {line}");
     assert!(!c.dir.path().join("n1").join(standins::CSI_DIR.trim_start_matches('/')).exists(), "nothing was made on n1");
 
     // The order of binding, by the server's revisions: the claim was Bound before the pod got

@@ -7,7 +7,9 @@
 //! Claims: a claim bound to a PV (`spec.volumeName`) lives where the PV says (`local.path` or
 //! `hostPath`, a path on the node: `ROOT/PATH` for the node whose root is `ROOT`); a claim
 //! marked `Bound` by a test without a PV is a STAND-IN for network storage, the directory
-//! `ROOT/../csi/NS/NAME` (one for every node). Filesystem mode only.
+//! `ROOT/../csi/NS/NAME` (one for every node). A Filesystem claim is that directory; a Block
+//! claim is the file `block.img` in it, which the kubelet attaches to a loop device (standing in
+//! for a CSI driver's block volume on the node).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -233,6 +235,35 @@ struct Running {
     waiter: tokio::task::JoinHandle<()>,
     /// The claim directories the pod has mounted (an attachment pod's).
     claims: Vec<PathBuf>,
+    /// The loop devices of its Block claims (shared with the other pods here using them).
+    devices: Vec<Arc<LoopDevice>>,
+}
+
+/// A loop device the stand-in kubelet attached for a Block claim on its node (a CSI driver's
+/// staged block volume): shared by every pod on the node that uses the claim, detached
+/// (`losetup -d`) when the last of them is gone — also when the test ends early, as the
+/// kubelet task is dropped.
+struct LoopDevice {
+    dev: PathBuf,
+    backing: PathBuf,
+}
+
+impl LoopDevice {
+    fn attach(backing: &Path) -> Result<LoopDevice, String> {
+        let out =
+            std::process::Command::new("losetup").args(["--find", "--show"]).arg(backing).output().map_err(|e| format!("losetup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("losetup {}: {}", backing.display(), String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        Ok(LoopDevice { dev, backing: backing.to_owned() })
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup").arg("-d").arg(&self.dev).status();
+    }
 }
 
 /// STAND-IN for node `node`'s kubelet: runs each pod bound to the node as a local process — the
@@ -249,11 +280,12 @@ struct Running {
 /// (`unshare --pid --fork --mount-proc --kill-child`): its processes' PIDs there (QEMU's
 /// pidfile) are not their PIDs on the node. A pod with claim or emptyDir volumes
 /// (an attachment pod) runs in a mount namespace and root of its own instead ([`start_isolated`]):
-/// a tmpfs with the host's `/usr`, the claims' directories bind-mounted at their mount paths
-/// and each emptyDir at its mount path, backed by
+/// a tmpfs with the host's `/usr`, the claims' directories bind-mounted at their mount paths,
+/// each Block claim's loop device ([`LoopDevice`]) at its `devicePath`, and each emptyDir at its
+/// mount path, backed by
 /// `ROOT/var/lib/kubelet/pods/UID/volumes/kubernetes.io~empty-dir/NAME` (the kubelet's layout).
-/// When such a pod is deleted while a process still holds a file of a claim no other pod on
-/// the node mounts, a line goes to `ROOT/detached-in-use`: on real storage the claim would be
+/// When such a pod is deleted while a process still holds a file of a claim (or the device of
+/// a Block claim) no other pod on the node uses, a line goes to `ROOT/detached-in-use`: on real storage the claim would be
 /// detached under that process (a guest I/O error); tests assert the file stays absent.
 /// A claim is found as the module docs say ([`claim_dir`]); a pod whose claim's PV has node
 /// affinity that excludes this node fails, with the kubelet's words for it.
@@ -270,7 +302,8 @@ pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
                 let uid = pod.uid().unwrap_or_default();
                 let finished = pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed");
                 if !running.contains_key(&uid) && !finished {
-                    match start(&client, pod, &root, &node).await {
+                    let staged: Vec<Arc<LoopDevice>> = running.values().flat_map(|r| r.devices.iter().cloned()).collect();
+                    match start(&client, pod, &root, &node, &staged).await {
                         Ok(r) => {
                             running.insert(uid, r);
                         }
@@ -284,12 +317,18 @@ pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
                 let r = running.remove(&uid).unwrap();
                 // A claim no other pod here still mounts is detached from the node: a
                 // process (QEMU) holding a file of it would lose its I/O on real storage.
+                let mut detached: Vec<(String, PathBuf)> = Vec::new();
                 for dir in r.claims.iter().filter(|d| !running.values().any(|o| o.claims.contains(d))) {
-                    for holder in holders_under(dir) {
-                        let line = format!("pod {uid} deleted while {holder} holds a file of claim {}\n", dir.display());
-                        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(root.join("detached-in-use")).unwrap();
-                        std::io::Write::write_all(&mut f, line.as_bytes()).unwrap();
-                    }
+                    detached.extend(holders_of(&files_under(dir)).into_iter().map(|h| (h, dir.clone())));
+                }
+                // A device no other pod here uses goes with this pod (dropped after the kill).
+                for d in r.devices.iter().filter(|d| !running.values().any(|o| o.devices.iter().any(|x| Arc::ptr_eq(x, d)))) {
+                    detached.extend(holders_of(&files_of(&d.dev)).into_iter().map(|h| (h, d.backing.clone())));
+                }
+                for (holder, claim) in detached {
+                    let line = format!("pod {uid} deleted while {holder} holds a file of claim {}\n", claim.display());
+                    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(root.join("detached-in-use")).unwrap();
+                    std::io::Write::write_all(&mut f, line.as_bytes()).unwrap();
                 }
                 tokio::spawn(kill(r));
             }
@@ -335,7 +374,8 @@ fn host_path(pod: &Pod, root: &Path, arg: &str) -> Option<PathBuf> {
     })
 }
 
-async fn start(client: &kube::Client, pod: &Pod, root: &Path, node: &str) -> Result<Running, String> {
+/// Starts `pod` (see [`kubelet`]); `staged` are the loop devices other pods here use already.
+async fn start(client: &kube::Client, pod: &Pod, root: &Path, node: &str, staged: &[Arc<LoopDevice>]) -> Result<Running, String> {
     let spec = pod.spec.clone().unwrap_or_default();
     for v in spec.volumes.iter().flatten() {
         if let Some(hp) = &v.host_path {
@@ -356,6 +396,7 @@ async fn start(client: &kube::Client, pod: &Pod, root: &Path, node: &str) -> Res
     let logs = root.join("pods");
     std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
     let log = std::fs::File::create(logs.join(format!("{}.log", pod.uid().unwrap_or_default()))).map_err(|e| e.to_string())?;
+    let mut devices = Vec::new();
     let (mut cmd, claims) = if isolated {
         let mut dirs = HashMap::new();
         for v in spec.volumes.iter().flatten() {
@@ -363,7 +404,18 @@ async fn start(client: &kube::Client, pod: &Pod, root: &Path, node: &str) -> Res
                 dirs.insert(v.name.clone(), claim_dir(client, pod, root, node, &pvc.claim_name).await?);
             }
         }
-        start_isolated(pod, root, &argv, &dirs)?
+        let mut nodes = Vec::new();
+        for d in c.volume_devices.iter().flatten() {
+            let dir = dirs.get(&d.name).ok_or(format!("volumeDevice {}: not a claim volume", d.name))?;
+            let backing = dir.join("block.img");
+            let device = match staged.iter().find(|s| s.backing == backing) {
+                Some(s) => Arc::clone(s),
+                None => Arc::new(LoopDevice::attach(&backing)?),
+            };
+            nodes.push((device.dev.clone(), d.device_path.clone()));
+            devices.push(device);
+        }
+        start_isolated(pod, root, &argv, &dirs, &nodes)?
     } else {
         let mut cmd = tokio::process::Command::new("unshare");
         cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).args(&argv);
@@ -395,7 +447,7 @@ async fn start(client: &kube::Client, pod: &Pod, root: &Path, node: &str) -> Res
         report(&client, &pod_c, json!({"phase": phase, "containerStatuses": container(state)})).await;
     });
     let grace = Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).try_into().unwrap_or(30));
-    Ok(Running { pid, forked: !isolated, grace, waiter, claims })
+    Ok(Running { pid, forked: !isolated, grace, waiter, claims, devices })
 }
 
 /// Merges `status` into the pod's status (a pod deleted meanwhile: nothing to report).
@@ -433,13 +485,15 @@ async fn claim_dir(client: &kube::Client, pod: &Pod, root: &Path, node: &str, na
 }
 
 /// The command running `argv` in a mount namespace and root of its own (see [`kubelet`]), and
-/// the claim directories it mounts (`claims`: each claim volume's directory on this node).
+/// the claim directories it mounts (`claims`: each claim volume's directory on this node;
+/// `devices`: each Block claim's device node and its `devicePath` in the pod, bound there).
 /// `unshare` execs (no fork), so the PID is the pod's process.
 fn start_isolated(
     pod: &Pod,
     root: &Path,
     argv: &[String],
     claims: &HashMap<String, PathBuf>,
+    devices: &[(PathBuf, String)],
 ) -> Result<(tokio::process::Command, Vec<PathBuf>), String> {
     let spec = pod.spec.clone().unwrap_or_default();
     let c = spec.containers.first().ok_or("no container")?;
@@ -452,6 +506,9 @@ fn start_isolated(
         let v = spec.volumes.iter().flatten().find(|v| v.name == m.name).ok_or(format!("no volume {}", m.name))?;
         let host = if v.persistent_volume_claim.is_some() {
             let dir = claims.get(&v.name).cloned().ok_or(format!("volume {}: its claim was not resolved", v.name))?;
+            if dir.join("block.img").exists() {
+                return Err(format!("volume {}: a Block claim cannot be mounted (a volumeDevice, not a volumeMount)", v.name));
+            }
             mounted.push(dir.clone());
             dir
         } else if v.empty_dir.is_some() {
@@ -462,6 +519,7 @@ fn start_isolated(
         std::fs::create_dir_all(&host).map_err(|e| format!("{}: {e}", host.display()))?;
         binds.push((host, m.mount_path.clone()));
     }
+    binds.extend(devices.iter().cloned());
     let script = r#"set -e
 R="$1"; BIN="$2"; shift 2
 mount -t tmpfs pod-root "$R"
@@ -469,7 +527,10 @@ mkdir -p "$R/usr"
 mount --rbind /usr "$R/usr"
 for d in bin lib lib64 sbin; do ln -s "usr/$d" "$R/$d"; done
 touch "$R/virtplug"; mount --bind "$BIN" "$R/virtplug"
-while [ "$1" != "--" ]; do mkdir -p "$R$2"; mount --bind "$1" "$R$2"; shift 2; done
+while [ "$1" != "--" ]; do
+  if [ -b "$1" ]; then mkdir -p "$(dirname "$R$2")"; touch "$R$2"; else mkdir -p "$R$2"; fi
+  mount --bind "$1" "$R$2"; shift 2
+done
 shift
 exec chroot "$R" "$@"
 "#;
@@ -487,12 +548,22 @@ exec chroot "$R" "$@"
     Ok((cmd, mounted))
 }
 
-/// The processes (`PID (comm)`) holding a file of `dir` open, matched by device and inode
-/// through `/proc/*/fd` (a path would not do: the file was opened in another mount namespace).
-fn holders_under(dir: &Path) -> Vec<String> {
+/// The files of `dir`, by device and inode.
+fn files_under(dir: &Path) -> Vec<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    let files: Vec<(u64, u64)> =
-        std::fs::read_dir(dir).into_iter().flatten().flatten().filter_map(|e| e.metadata().ok()).map(|m| (m.dev(), m.ino())).collect();
+    std::fs::read_dir(dir).into_iter().flatten().flatten().filter_map(|e| e.metadata().ok()).map(|m| (m.dev(), m.ino())).collect()
+}
+
+/// File `path` (a device node: the one bound into pods), by device and inode.
+fn files_of(path: &Path) -> Vec<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| vec![(m.dev(), m.ino())]).unwrap_or_default()
+}
+
+/// The processes (`PID (comm)`) holding one of `files` open, matched by device and inode
+/// through `/proc/*/fd` (a path would not do: the file was opened in another mount namespace).
+fn holders_of(files: &[(u64, u64)]) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
     for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
@@ -516,7 +587,8 @@ pub const CSI_DIR: &str = "/var/lib/standin-csi";
 /// is [`CSI_PROVISIONER`] and whose `volumeBindingMode` is `WaitForFirstConsumer` (claims of an
 /// `Immediate` class of it are left alone: a node-local volume needs a node). A claim of such a
 /// class that the scheduler gave `volume.kubernetes.io/selected-node: N` gets, in order: a
-/// directory `CSI_DIR/pvc-UID` on node N (root `nodes/N`, the kubelet stand-in's root); a PV
+/// directory `CSI_DIR/pvc-UID` on node N (root `nodes/N`, the kubelet stand-in's root), with a
+/// sparse `block.img` of the requested size in it for a Block claim; a PV
 /// `pvc-UID` with `local.path` there, node affinity `kubernetes.io/hostname In [N]`, the claim
 /// in `claimRef`, the requested capacity, `Bound`; the claim's `spec.volumeName` and binding
 /// annotations; the claim's status `Bound` with capacity and access modes. Each step is
@@ -564,6 +636,12 @@ async fn provision(client: &kube::Client, claim: &PersistentVolumeClaim, node_ro
     let path = format!("{CSI_DIR}/{pv_name}");
     let dir = PathBuf::from(format!("{}{path}", node_root.display()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if spec.volume_mode.as_deref() == Some("Block") {
+        // A block volume: its bytes, which the kubelet attaches to a loop device.
+        let bytes = api::quantity::bytes(&size.0)?;
+        let img = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("block.img"));
+        img.and_then(|f| f.set_len(bytes)).map_err(|e| format!("{}/block.img: {e}", dir.display()))?;
+    }
     let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume",
         "metadata": {"name": pv_name, "annotations": {"pv.kubernetes.io/provisioned-by": CSI_PROVISIONER}},
         "spec": {"capacity": {"storage": size}, "accessModes": modes, "volumeMode": spec.volume_mode.clone().unwrap_or_else(|| "Filesystem".into()),
