@@ -3,6 +3,8 @@
 //! HTTP parsing lives in `routes`; this module works on JSON values and returns [`ApiError`]s.
 
 mod apply;
+#[cfg(test)]
+mod delete_tests;
 mod metadata;
 
 use serde_json::{json, Value};
@@ -34,6 +36,21 @@ pub struct DeleteOptions {
     pub resource_version: Option<String>,
     pub propagation: Option<Propagation>,
     pub dry_run: bool,
+    /// `gracePeriodSeconds`: only a Pod bound to a node has a grace ([`pod_grace`]).
+    pub grace_period: Option<u64>,
+}
+
+/// The grace period of deleting `pod` (kube-apiserver's pod strategy, `CheckGracefulDelete`):
+/// the one asked for, else the pod's `terminationGracePeriodSeconds` (default 30); none (it goes
+/// at once) for a pod no node runs — not yet scheduled, or already `Succeeded`/`Failed`. With a
+/// grace the pod stays, marked, until its kubelet has stopped it and deletes it with grace 0.
+fn pod_grace(pod: &Value, asked: Option<u64>) -> u64 {
+    let bound = pod.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+    let finished = matches!(pod.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
+    if !bound || finished {
+        return 0;
+    }
+    asked.unwrap_or_else(|| pod.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_u64).unwrap_or(30))
 }
 
 /// How a write is made: as a dry run or not, and by which field manager (`fieldManager`, or the
@@ -602,15 +619,34 @@ impl Objects {
                     }
                 }
             }
+            let marked_grace = meta(&obj).get("deletionGracePeriodSeconds").and_then(Value::as_u64);
+            // Already marked with no grace (finalizers hold it): a grace cannot lengthen that.
+            let graceful = def.group.is_empty() && def.kind == "Pod" && !(already_deleting && marked_grace.is_none_or(|g| g == 0));
+            let grace = if graceful { pod_grace(&obj, opts.grace_period) } else { 0 };
             // A stored value that is not an object has no finalizers to honour: it just goes.
-            let op = if obj.is_object() && has_finalizers(&obj) {
-                if already_deleting && cur.object == obj {
+            let op = if grace > 0 && obj.is_object() {
+                // A graceful delete: marked with the time it is due; a later delete may only
+                // shorten the grace (kube-apiserver's rule), a longer or equal one changes nothing.
+                if already_deleting && marked_grace.is_some_and(|g| g > 0 && g <= grace) && cur.object == obj {
                     return Ok(cur.doc);
                 }
+                let due = jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_secs(i64::try_from(grace).unwrap_or(i64::MAX)));
+                let m = meta_mut(&mut obj);
+                if !(already_deleting && marked_grace.is_some_and(|g| g > 0 && g <= grace)) {
+                    let due = due.unwrap_or(jiff::Timestamp::MAX).strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+                    m.insert("deletionTimestamp".into(), json!(due));
+                    m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+                }
+                Op::Update { key: key.clone(), expected: cur.rv, object: obj.clone() }
+            } else if obj.is_object() && has_finalizers(&obj) {
                 let m = meta_mut(&mut obj);
                 if !already_deleting {
                     m.insert("deletionTimestamp".into(), json!(now()));
-                    m.insert("deletionGracePeriodSeconds".into(), json!(0));
+                }
+                // (A pod marked with a grace, deleted now with none, keeps it no longer.)
+                m.insert("deletionGracePeriodSeconds".into(), json!(0));
+                if already_deleting && cur.object == obj {
+                    return Ok(cur.doc);
                 }
                 if def.kind == "Namespace" {
                     // A status of another shape (written through the status subresource) is

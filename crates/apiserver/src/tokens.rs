@@ -366,6 +366,12 @@ fn check(objects: &Objects, m: &Minted, audiences: &[String], now: Timestamp) ->
         if uid_of(&obj) != b.uid {
             return Err(gone(what));
         }
+        // A pod in its deletion grace still authenticates (its processes are being stopped);
+        // once the grace is over it no longer does, removed or not (kube-apiserver's rule).
+        let due = obj.pointer("/metadata/deletionTimestamp").and_then(Value::as_str).and_then(|t| t.parse::<Timestamp>().ok());
+        if due.is_some_and(|t| t < now) {
+            return Err(format!("{what} is deleted and awaiting removal"));
+        }
     }
     let wanted: Vec<String> = if audiences.is_empty() { vec![API_AUDIENCE.to_owned()] } else { audiences.to_vec() };
     let both: Vec<String> = m.audiences.iter().filter(|a| wanted.contains(a)).cloned().collect();
@@ -508,8 +514,15 @@ mod tests {
         assert_eq!(tokens.review(&objects, &vault, &["vault".to_owned()], now).unwrap().unwrap().audiences, ["vault"]);
         assert!(tokens.review(&objects, &vault, &[], now).unwrap().is_err(), "not for the API server");
 
+        // Deleted with its grace (30 s: it runs on n1), the pod's token works through the
+        // grace, not after; once its kubelet removes it, it is refused as deleted.
         let pods = def("pods").unwrap();
         objects.delete(pods, Some("ops"), "agent-x", &crate::objects::DeleteOptions::default()).await.unwrap();
+        assert!(tokens.review(&objects, &token, &[], now).unwrap().is_ok(), "in its grace");
+        let over = tokens.review(&objects, &token, &[], later(31)).unwrap().unwrap_err();
+        assert!(over.starts_with("pod ops/agent-x") && over.ends_with("is deleted and awaiting removal"), "{over}");
+        let force = crate::objects::DeleteOptions { grace_period: Some(0), ..crate::objects::DeleteOptions::default() };
+        objects.delete(pods, Some("ops"), "agent-x", &force).await.unwrap();
         let deleted = tokens.review(&objects, &token, &[], now).unwrap().unwrap_err();
         assert!(deleted.starts_with("pod ops/agent-x") && deleted.ends_with("has been deleted"), "{deleted}");
         // The same name again is another Pod: the token stays refused.

@@ -176,9 +176,9 @@ fn parse_body(c: &Call<'_>, body: &Bytes) -> Result<Value, ApiError> {
 }
 
 fn delete_options(query: &HashMap<String, String>, body: &Bytes, dry_run: bool) -> Result<DeleteOptions, ApiError> {
-    // Objects go at once (deletionGracePeriodSeconds 0), but a bad grace period is still refused.
-    query::grace_period(query)?;
-    let mut opts = DeleteOptions { dry_run, ..DeleteOptions::default() };
+    // Objects go at once (deletionGracePeriodSeconds 0) but a Pod on a node (see
+    // `objects::pod_grace`); a bad grace period is refused for every kind.
+    let mut opts = DeleteOptions { dry_run, grace_period: query::grace_period(query)?, ..DeleteOptions::default() };
     let mut policy = query.get("propagationPolicy").cloned();
     if !body.is_empty() {
         let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("DeleteOptions is not valid JSON: {e}")))?;
@@ -192,6 +192,15 @@ fn delete_options(query: &HashMap<String, String>, body: &Bytes, dry_run: bool) 
         }
         if v.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All")) {
             opts.dry_run = true;
+        }
+        match v.get("gracePeriodSeconds") {
+            None | Some(Value::Null) => {}
+            Some(g) => {
+                let g = g.as_u64().ok_or_else(|| {
+                    ApiError::bad_request(format!("DeleteOptions.gracePeriodSeconds {g} is not a whole number of seconds, 0 or more"))
+                })?;
+                opts.grace_period = Some(g);
+            }
         }
     }
     opts.propagation = match policy.as_deref() {

@@ -598,7 +598,8 @@ async fn a_nodes_tunnel_is_accepted_only_from_a_credential_bound_to_that_node() 
 
     // The pod's token goes with its pod: once deleted, nobody (401).
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(st.admin.clone(), "virtplug");
-    pods.delete("virtplug-node-n1", &kube::api::DeleteParams::default()).await.unwrap();
+    // No kubelet here to stop it and remove it after its grace: removed at once, as its kubelet would.
+    pods.delete("virtplug-node-n1", &kube::api::DeleteParams::default().grace_period(0)).await.unwrap();
     common::wait_until(STEP, "the deleted pod's token refused (401)", || {
         let st = &st;
         let on_n1 = on_n1.clone();

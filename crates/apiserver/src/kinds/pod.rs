@@ -14,6 +14,12 @@
 //! - An update may change only what kube-apiserver lets it change (container images,
 //!   `activeDeadlineSeconds`, added tolerations); anything else in `spec` is 422 Forbidden with
 //!   kube-apiserver's message.
+//! - Deletion is graceful as kube-apiserver's (`objects::pod_grace`): a Pod bound to a node and
+//!   not finished stays, with `deletionTimestamp` (now + grace) and `deletionGracePeriodSeconds`
+//!   (the `gracePeriodSeconds` asked, else its `terminationGracePeriodSeconds`), until its
+//!   kubelet deletes it with grace 0; a later delete may shorten the grace, never lengthen it.
+//!   Unscheduled or finished Pods, and a grace of 0, go at once. A Pod-bound token stops
+//!   authenticating once the grace is over.
 
 use std::collections::HashSet;
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeSelector, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
@@ -269,9 +269,11 @@ impl Drop for LoopDevice {
 /// STAND-IN for node `node`'s kubelet: runs each pod bound to the node as a local process — the
 /// container's `command` and `args` (`virtplug` is this build's binary: the image's stand-in),
 /// its `env`, stdout and stderr in `ROOT/pods/UID.log` — and reports the pod's status (`Running`;
-/// `Succeeded` or `Failed` with the exit code when the process ends). A pod that is gone from
-/// the API gets SIGTERM, then SIGKILL after its grace (the embedded API server deletes pods at
-/// once: it has no graceful pod deletion, so there is nothing left to finalize).
+/// `Succeeded` or `Failed` with the exit code when the process ends). A pod marked for deletion
+/// (`deletionTimestamp`: the API server keeps a pod on a node through its grace) gets SIGTERM,
+/// then SIGKILL after its grace, and once its process is gone the kubelet removes it (a delete
+/// with grace 0, preconditioned on its UID), as a kubelet does; a marked pod that does not run
+/// here is removed at once. A pod removed by someone else (a force delete) is stopped the same way.
 ///
 /// No container runtime: the node's file system is `root` (hostPath `P` is `ROOT/P`, created
 /// for `DirectoryOrCreate`), and a container path under a volume mount is rewritten to its host
@@ -285,8 +287,9 @@ impl Drop for LoopDevice {
 /// mount path, backed by
 /// `ROOT/var/lib/kubelet/pods/UID/volumes/kubernetes.io~empty-dir/NAME` (the kubelet's layout).
 /// When such a pod is deleted while a process still holds a file of a claim (or the device of
-/// a Block claim) no other pod on the node uses, a line goes to `ROOT/detached-in-use`: on real storage the claim would be
-/// detached under that process (a guest I/O error); tests assert the file stays absent.
+/// a Block claim) no other pod on the node uses, a line goes to `ROOT/detached-in-use`: on real
+/// storage the claim would be detached under that process (a guest I/O error); tests assert the
+/// file stays absent.
 /// A claim is found as the module docs say ([`claim_dir`]); a pod whose claim's PV has node
 /// affinity that excludes this node fails, with the kubelet's words for it.
 pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
@@ -296,12 +299,19 @@ pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
         let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let mut events = reflector::reflector(writer, watcher(Api::<Pod>::all(client.clone()), cfg)).default_backoff().boxed();
         let mut running: HashMap<String, Running> = HashMap::new();
+        // Pods being stopped (then removed), by UID.
+        let mut stopping: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
         while events.next().await.is_some() {
             let present = pods.state();
+            stopping.retain(|_, t| !t.is_finished());
             for pod in &present {
                 let uid = pod.uid().unwrap_or_default();
                 let finished = pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed");
-                if !running.contains_key(&uid) && !finished {
+                let marked = pod.metadata.deletion_timestamp.is_some();
+                if marked && !running.contains_key(&uid) && !stopping.contains_key(&uid) {
+                    stopping.insert(uid.clone(), tokio::spawn(remove(client.clone(), (**pod).clone())));
+                }
+                if !running.contains_key(&uid) && !finished && !marked {
                     let staged: Vec<Arc<LoopDevice>> = running.values().flat_map(|r| r.devices.iter().cloned()).collect();
                     match start(&client, pod, &root, &node, &staged).await {
                         Ok(r) => {
@@ -311,9 +321,16 @@ pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
                     }
                 }
             }
-            let gone: Vec<String> =
-                running.keys().filter(|u| !present.iter().any(|p| p.uid().as_deref() == Some(u.as_str()))).cloned().collect();
-            for uid in gone {
+            // Gone from the API, or marked for deletion (to be removed once stopped).
+            let ending: Vec<(String, Option<Pod>)> = running
+                .keys()
+                .filter_map(|u| match present.iter().find(|p| p.uid().as_deref() == Some(u.as_str())) {
+                    None => Some((u.clone(), None)),
+                    Some(p) if p.metadata.deletion_timestamp.is_some() => Some((u.clone(), Some((**p).clone()))),
+                    Some(_) => None,
+                })
+                .collect();
+            for (uid, marked) in ending {
                 let r = running.remove(&uid).unwrap();
                 // A claim no other pod here still mounts is detached from the node: a
                 // process (QEMU) holding a file of it would lose its I/O on real storage.
@@ -330,10 +347,32 @@ pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
                     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(root.join("detached-in-use")).unwrap();
                     std::io::Write::write_all(&mut f, line.as_bytes()).unwrap();
                 }
-                tokio::spawn(kill(r));
+                let client = client.clone();
+                stopping.insert(
+                    uid,
+                    tokio::spawn(async move {
+                        kill(r).await;
+                        if let Some(pod) = marked {
+                            remove(client, pod).await;
+                        }
+                    }),
+                );
             }
         }
     }))
+}
+
+/// Removes pod `pod` (stopped, or never started here): a delete with grace 0 for its UID only.
+async fn remove(client: kube::Client, pod: Pod) {
+    let api: Api<Pod> = Api::namespaced(client, &pod.namespace().unwrap_or_default());
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }),
+        ..DeleteParams::default()
+    };
+    if let Err(e) = api.delete(&pod.name_any(), &dp).await {
+        eprintln!("stand-in kubelet: cannot remove pod {}: {e}", pod.name_any());
+    }
 }
 
 /// SIGTERM to the pod's main process, the grace, SIGKILL (by PID, the process the kubelet
