@@ -14,6 +14,7 @@
 //! - [`lifecycle_requests`], [`vmi_requests`]: what KubeVirt's VM and VMI action subresources
 //!   do to the objects.
 //! - [`tunnel`]: how the API server reaches a node's consoles (the node agent's tunnel).
+//! - [`launcher_disks`]: where a launcher pod has its VMI's boot claims.
 //!
 //! core/v1 `PersistentVolumeClaim`, `Event`, `Namespace` and `Node` come from k8s-openapi, re-exported
 //! under [`core`].
@@ -27,6 +28,7 @@ pub mod crd;
 pub mod diag;
 pub mod invariants;
 pub mod kubevirt;
+pub mod launcher_disks;
 pub mod lifecycle_requests;
 pub mod network;
 pub mod phases;

@@ -18,7 +18,8 @@
 //! - A VMI is created only when every non-hot-plug PVC is `Bound` and every DataVolume has
 //!   `Succeeded` (hot-plug volumes are plugged when they are ready; a virtual medium, though
 //!   hot-pluggable, gates the start too: the firmware must find it in the drive), and the
-//!   template holds [`api::invariants`].
+//!   template holds [`api::invariants`]. With launcher pods, a claim that waits for its first
+//!   consumer counts as ready: the launcher pod is that consumer ([`volumes`]).
 //! - A VMI created from a VM with a one-time (`Once`) boot override boots with it, and the VM
 //!   goes back to its original boot order ([`api::virtual_media::consume_once`]).
 //! - The VMI gets the template's metadata and spec, an owner reference to the VM (controller,
@@ -209,6 +210,13 @@ pub(crate) fn api_err<'a, E: Into<Box<dyn std::error::Error + Send + Sync>>>(
 }
 
 /// Checks the VM's non-hot-plug PVC and DataVolume volumes, looked up in `lookup`.
+///
+/// An unbound claim of a `WaitForFirstConsumer` class does not block the start
+/// ([`crate::storage::class::waits_for_consumer`]): it binds only once a pod using it is
+/// scheduled, and with launcher pods the VMI's launcher pod is that consumer (it carries the
+/// boot claims, [`launcher_pod`]; the scheduler binds the claim on the pod's node). Only pods
+/// placement has StorageClasses in its cache: with direct placement (`up`) `lookup` knows no
+/// class, so every unbound claim waits for its binding as before.
 #[must_use]
 pub fn volumes(lookup: &impl Lookup, vm: &VirtualMachine) -> Volumes {
     let ns = vm.namespace().unwrap_or_default();
@@ -220,7 +228,7 @@ pub fn volumes(lookup: &impl Lookup, vm: &VirtualMachine) -> Volumes {
         if let Some(p) = &v.persistent_volume_claim {
             match lookup.pvc(&ns, &p.claim_name) {
                 None => return Volumes::NotFound(format!("claim {} of volume {} does not exist; create it", p.claim_name, v.name)),
-                Some(c) if !ClaimPhase::is_bound(&c) => {
+                Some(c) if !ClaimPhase::is_bound(&c) && !crate::storage::class::waits_for_consumer(&c, lookup) => {
                     return Volumes::WaitingForBinding(format!("claim {} of volume {} is not bound yet", p.claim_name, v.name));
                 }
                 Some(_) => {}
@@ -319,6 +327,54 @@ mod tests {
         assert_eq!(printable_status(&v, Some(&paused), &Volumes::Ready), PrintableStatus::Paused);
         paused.status.as_mut().unwrap().conditions[0].status = "False".into();
         assert_eq!(printable_status(&v, Some(&paused), &Volumes::Ready), PrintableStatus::Running);
+    }
+
+    /// Claims `c-*` in phase `Pending` (class `wffc` or `now`), and the two classes when
+    /// `classes` (pods placement's cache) — none otherwise (direct placement's).
+    struct Pending {
+        classes: bool,
+    }
+    impl Lookup for Pending {
+        fn pvc(&self, _: &str, name: &str) -> Option<std::sync::Arc<k8s_openapi::api::core::v1::PersistentVolumeClaim>> {
+            let class = name.strip_prefix("c-")?;
+            let pvc = json!({"metadata": {"name": name}, "spec": {"storageClassName": class}, "status": {"phase": "Pending"}});
+            Some(std::sync::Arc::new(serde_json::from_value(pvc).unwrap()))
+        }
+        fn dv(&self, _: &str, _: &str) -> Option<std::sync::Arc<api::DataVolume>> {
+            None
+        }
+        fn storage_class(&self, name: &str) -> Option<std::sync::Arc<k8s_openapi::api::storage::v1::StorageClass>> {
+            let mode = match name {
+                "wffc" if self.classes => "WaitForFirstConsumer",
+                "now" if self.classes => "Immediate",
+                _ => return None,
+            };
+            let sc = json!({"metadata": {"name": name}, "provisioner": "csi.example.com", "volumeBindingMode": mode});
+            Some(std::sync::Arc::new(serde_json::from_value(sc).unwrap()))
+        }
+    }
+
+    fn vm_with_claim(claim: &str) -> VirtualMachine {
+        let mut v = vm("Always", json!([]));
+        let spec: api::kubevirt::VirtualMachineInstanceSpec =
+            serde_json::from_value(json!({"domain": {}, "volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": claim}}]}))
+                .unwrap();
+        v.spec.template.spec = Some(spec);
+        v
+    }
+
+    /// Issue 19: with launcher pods, an unbound boot claim of a `WaitForFirstConsumer` class
+    /// does not hold the VMI back (its launcher pod is the consumer that binds it); an
+    /// `Immediate` class's unbound claim still does; with direct placement (no classes in the
+    /// cache) both wait, as before.
+    #[test]
+    fn a_boot_claim_waiting_for_its_consumer_does_not_block_a_launcher_pods_start() {
+        let pods = Pending { classes: true };
+        assert_eq!(volumes(&pods, &vm_with_claim("c-wffc")), Volumes::Ready);
+        assert!(matches!(volumes(&pods, &vm_with_claim("c-now")), Volumes::WaitingForBinding(m) if m.contains("c-now")));
+        let direct = Pending { classes: false };
+        assert!(matches!(volumes(&direct, &vm_with_claim("c-wffc")), Volumes::WaitingForBinding(_)));
+        assert!(matches!(volumes(&direct, &vm_with_claim("c-now")), Volumes::WaitingForBinding(_)));
     }
 
     #[test]

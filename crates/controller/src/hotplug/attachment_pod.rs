@@ -109,7 +109,9 @@ pub fn wanted(vmi: &VirtualMachineInstance, lookup: &impl Lookup) -> Vec<Carried
     out
 }
 
-fn carried(volume: &str, claim: &str, pvc: &PersistentVolumeClaim) -> Carried {
+/// What a pod carrying claim `claim` as volume `volume` needs to know of it (attachment pods
+/// here, launcher pods for boot claims: `crate::lifecycle::launcher_pod`).
+pub(crate) fn carried(volume: &str, claim: &str, pvc: &PersistentVolumeClaim) -> Carried {
     let block = pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
     let bytes = pvc
         .status

@@ -21,10 +21,23 @@
 //!   reference once the VMI is gone, which is after the node agent has stopped QEMU and removed
 //!   the VMI's finalizer. QEMU is never killed under a guest that is still being stopped.
 //!
+//! # Boot claims (KubeVirt's layout, [`api::launcher_disks`])
+//! Each non-hot-plug `persistentVolumeClaim` or `dataVolume` volume is a volume of the pod (a
+//! DataVolume's claim has the DataVolume's name), so the kubelet and the CSI driver attach and
+//! mount it on the pod's node — the one place a CSI volume is reachable. A Filesystem claim is
+//! mounted at `/run/kubevirt-private/vmi-disks/<volume>` and the launcher creates its
+//! `disk.img` sparse, the claim's size, when the claim is empty (`--disk PATH=BYTES`, as
+//! KubeVirt's virt-launcher does); a Block claim is a `volumeDevice` at `/dev/<volume>`. The
+//! node agent opens them inside the pod and hands the fds to QEMU through the launcher.
+//! A claim that waits for its first consumer (`WaitForFirstConsumer`) is unbound when the pod
+//! is made: the pod is that consumer, so the scheduler binds the claim on the pod's node.
+//!
 //! # Assumptions
 //! The run dir `RUN_ROOT/UID` is a hostPath mounted at the same path in the pod, and the node
 //! agent's run dirs are there too (its `DATA_DIR/node/vmis`): QEMU's arguments (written by the
-//! agent) name host paths.
+//! agent) name host paths. Every boot claim is in the controller's claim store when the pod is
+//! made (the VM controller creates a VMI only once its claims exist, [`super::volumes`]); a
+//! VMI whose claim is not there stays `Pending`, unschedulable, with the claim named.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -40,7 +53,8 @@ use api::VirtualMachineInstance;
 
 use super::schedule::Constraints;
 use super::{api_err, condition, deleting, set_condition, LifecycleError, NODE_LABEL, VM_LABEL};
-use crate::cache::Cache;
+use crate::cache::{Cache, Lookup};
+use crate::hotplug::attachment_pod::{carried, Carried};
 
 /// Label of a launcher pod (KubeVirt's `kubevirt.io: virt-launcher`).
 pub const APP_LABEL: &str = "kubevirt.io";
@@ -69,12 +83,37 @@ pub struct LauncherPods {
     pub run_root: PathBuf,
 }
 
-/// The launcher pod of `vmi` (to create).
+/// The boot claims of `vmi` (its non-hot-plug claim and DataVolume volumes), in volume order,
+/// as [`pod_for`] makes them pod volumes.
 ///
 /// # Errors
-/// A constraint field of the VMI that does not parse.
-pub fn pod_for(vmi: &VirtualMachineInstance, cfg: &LauncherPods) -> Result<Pod, String> {
+/// A claim not in `lookup`, named with its volume: its volume mode decides how it is mounted.
+pub fn boot_claims(vmi: &VirtualMachineInstance, lookup: &impl Lookup) -> Result<Vec<Carried>, String> {
+    let ns = vmi.namespace().unwrap_or_default();
+    vmi.spec
+        .volumes
+        .iter()
+        .filter(|v| !v.is_hotpluggable())
+        .filter_map(|v| Some((v, v.claim_name()?)))
+        .map(|(v, claim)| {
+            let pvc = lookup.pvc(&ns, claim).ok_or_else(|| {
+                format!(
+                    "claim {claim} of volume {} does not exist; create it (its volume mode decides how the launcher pod gets it)",
+                    v.name
+                )
+            })?;
+            Ok(carried(&v.name, claim, &pvc))
+        })
+        .collect()
+}
+
+/// The launcher pod of `vmi` (to create), with its boot claims (from `lookup`) as volumes.
+///
+/// # Errors
+/// A constraint field of the VMI that does not parse; a boot claim that is not in `lookup`.
+pub fn pod_for(vmi: &VirtualMachineInstance, cfg: &LauncherPods, lookup: &impl Lookup) -> Result<Pod, String> {
     let c = Constraints::of(vmi)?;
+    let boot = boot_claims(vmi, lookup)?;
     let (ns, name, uid) = (vmi.namespace().unwrap_or_default(), vmi.name_any(), vmi.uid().unwrap_or_default());
     let run_dir = cfg.run_root.join(&uid).display().to_string();
     let domain = &vmi.spec.domain;
@@ -94,6 +133,25 @@ pub fn pod_for(vmi: &VirtualMachineInstance, cfg: &LauncherPods) -> Result<Pod, 
         requests.insert("memory", json!(guest));
     }
     let grace = vmi.spec.extra.get("terminationGracePeriodSeconds").and_then(serde_json::Value::as_i64).unwrap_or(30).max(0);
+    let mut command =
+        vec!["virtplug".to_owned(), "launcher".to_owned(), "--uid".to_owned(), uid.clone(), "--run-dir".to_owned(), run_dir.clone()];
+    command.extend(["--grace-period-seconds".to_owned(), grace.to_string()]);
+    let mut volumes = vec![json!({"name": "run", "hostPath": {"path": run_dir, "type": "DirectoryOrCreate"}})];
+    let mut mounts = vec![json!({"name": "run", "mountPath": run_dir})];
+    let mut devices = Vec::new();
+    for b in &boot {
+        volumes.push(json!({"name": b.volume, "persistentVolumeClaim": {"claimName": b.claim}}));
+        if b.block {
+            devices.push(json!({"name": b.volume, "devicePath": api::launcher_disks::device_path(&b.volume)}));
+        } else {
+            mounts.push(json!({"name": b.volume, "mountPath": api::launcher_disks::mount_path(&b.volume)}));
+            // No size known (a claim without request or capacity): the claim must hold its
+            // disk.img already; the agent waits for it.
+            if let Some(bytes) = b.bytes {
+                command.extend(["--disk".to_owned(), format!("{}={bytes}", api::launcher_disks::image_path(&b.volume).display())]);
+            }
+        }
+    }
     let mut spec = json!({
         "restartPolicy": "Never",
         // The guest's grace is the launcher's (`--grace-period-seconds`: ACPI power-off, then
@@ -103,12 +161,15 @@ pub fn pod_for(vmi: &VirtualMachineInstance, cfg: &LauncherPods) -> Result<Pod, 
         "containers": [{
             "name": "compute",
             "image": cfg.image,
-            "command": ["virtplug", "launcher", "--uid", uid, "--run-dir", run_dir, "--grace-period-seconds", grace.to_string()],
+            "command": command,
             "resources": {"requests": requests, "limits": limits},
-            "volumeMounts": [{"name": "run", "mountPath": run_dir}],
+            "volumeMounts": mounts,
         }],
-        "volumes": [{"name": "run", "hostPath": {"path": run_dir, "type": "DirectoryOrCreate"}}],
+        "volumes": volumes,
     });
+    if !devices.is_empty() {
+        spec["containers"][0]["volumeDevices"] = json!(devices);
+    }
     // KubeVirt's way of keeping launchers off nodes without a node agent: the agent's
     // heartbeat label, which the controller turns "false" when the heartbeat is stale.
     let mut selector = c.node_selector.clone();
@@ -185,7 +246,7 @@ pub(super) async fn place(
                 .map_err(api_err(&object, "fail its VMI"))?;
         }
         None => {
-            let pod = match pod_for(vmi, cfg) {
+            let pod = match pod_for(vmi, cfg, cache) {
                 Ok(p) => p,
                 Err(why) => return unschedulable(&vmis, &name, &why).await.map_err(api_err(&object, "mark its VMI unschedulable")),
             };
@@ -279,7 +340,101 @@ async fn unschedulable(vmis: &Api<VirtualMachineInstance>, name: &str, why: &str
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+
     use super::*;
+
+    /// Claims by name, and no DataVolumes or classes.
+    struct Claims(Vec<PersistentVolumeClaim>);
+    impl Lookup for Claims {
+        fn pvc(&self, _: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+            self.0.iter().find(|p| p.metadata.name.as_deref() == Some(name)).cloned().map(Arc::new)
+        }
+        fn dv(&self, _: &str, _: &str) -> Option<Arc<api::DataVolume>> {
+            None
+        }
+    }
+
+    fn claim(name: &str, mode: &str, status: serde_json::Value) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({"metadata": {"name": name, "uid": format!("uid-{name}")},
+            "spec": {"volumeMode": mode, "resources": {"requests": {"storage": "16Mi"}}}, "status": status}))
+        .unwrap()
+    }
+
+    fn cfg() -> LauncherPods {
+        LauncherPods { image: "virtplug:dev".into(), run_root: PathBuf::from("/var/lib/virtplug/node/vmis") }
+    }
+
+    /// Boot claims (issue 19): each non-hot-plug claim or DataVolume volume is a pod volume of
+    /// its claim; a Filesystem one mounted under KubeVirt's vmi-disks dir (on `/run`, no
+    /// symlink) with a `--disk` of its capacity (its request while it waits for its consumer),
+    /// a Block one a device at `/dev/<volume>`; hot-pluggable claims, emptyDisks and
+    /// cloud-init are not the launcher pod's. The run dir's hostPath stays first.
+    #[test]
+    fn boot_claims_are_pod_volumes_mounted_or_devices_by_their_mode() {
+        let vmi: VirtualMachineInstance = serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "vm1", "namespace": "ns", "uid": "u1"},
+            "spec": {"domain": {}, "terminationGracePeriodSeconds": 5, "volumes": [
+                {"name": "root", "persistentVolumeClaim": {"claimName": "c-root"}},
+                {"name": "raw", "persistentVolumeClaim": {"claimName": "c-raw"}},
+                {"name": "imported", "dataVolume": {"name": "dv1"}},
+                {"name": "late", "persistentVolumeClaim": {"claimName": "c-late"}},
+                {"name": "hot", "persistentVolumeClaim": {"claimName": "c-hot", "hotpluggable": true}},
+                {"name": "scratch", "emptyDisk": {"capacity": "1Mi"}}]}}))
+        .unwrap();
+        let bound = |bytes: &str| json!({"phase": "Bound", "capacity": {"storage": bytes}});
+        let claims = Claims(vec![
+            claim("c-root", "Filesystem", bound("32Mi")),
+            claim("c-raw", "Block", bound("8Mi")),
+            claim("dv1", "Filesystem", bound("1Gi")),
+            claim("c-late", "Filesystem", json!({"phase": "Pending"})),
+            claim("c-hot", "Filesystem", bound("1Mi")),
+        ]);
+        let pod = serde_json::to_value(pod_for(&vmi, &cfg(), &claims).unwrap()).unwrap();
+        let run = "/var/lib/virtplug/node/vmis/u1";
+        assert_eq!(
+            pod["spec"]["volumes"],
+            json!([{"name": "run", "hostPath": {"path": run, "type": "DirectoryOrCreate"}},
+                   {"name": "root", "persistentVolumeClaim": {"claimName": "c-root"}},
+                   {"name": "raw", "persistentVolumeClaim": {"claimName": "c-raw"}},
+                   {"name": "imported", "persistentVolumeClaim": {"claimName": "dv1"}},
+                   {"name": "late", "persistentVolumeClaim": {"claimName": "c-late"}}])
+        );
+        let c = &pod["spec"]["containers"][0];
+        assert_eq!(
+            c["volumeMounts"],
+            json!([{"name": "run", "mountPath": run},
+                   {"name": "root", "mountPath": "/run/kubevirt-private/vmi-disks/root"},
+                   {"name": "imported", "mountPath": "/run/kubevirt-private/vmi-disks/imported"},
+                   {"name": "late", "mountPath": "/run/kubevirt-private/vmi-disks/late"}])
+        );
+        assert_eq!(c["volumeDevices"], json!([{"name": "raw", "devicePath": "/dev/raw"}]));
+        assert_eq!(
+            c["command"],
+            json!([
+                "virtplug",
+                "launcher",
+                "--uid",
+                "u1",
+                "--run-dir",
+                run,
+                "--grace-period-seconds",
+                "5",
+                "--disk",
+                format!("/run/kubevirt-private/vmi-disks/root/disk.img={}", 32 << 20),
+                "--disk",
+                format!("/run/kubevirt-private/vmi-disks/imported/disk.img={}", 1 << 30),
+                "--disk",
+                format!("/run/kubevirt-private/vmi-disks/late/disk.img={}", 16 << 20)
+            ]),
+            "one --disk per Filesystem boot claim: its capacity, or its request while unbound"
+        );
+        let missing = Claims(vec![]);
+        let e = pod_for(&vmi, &cfg(), &missing).unwrap_err();
+        assert!(e.contains("claim c-root of volume root does not exist"), "{e}");
+    }
 
     #[test]
     fn the_pod_carries_the_vmis_constraints_resources_and_owner() {
@@ -289,8 +444,7 @@ mod tests {
                      "nodeSelector": {"kubernetes.io/hostname": "n1"}, "tolerations": [{"key": "k", "operator": "Exists"}],
                      "terminationGracePeriodSeconds": 5}}))
         .unwrap();
-        let cfg = LauncherPods { image: "virtplug:dev".into(), run_root: PathBuf::from("/var/lib/virtplug/node/vmis") };
-        let pod = serde_json::to_value(pod_for(&vmi, &cfg).unwrap()).unwrap();
+        let pod = serde_json::to_value(pod_for(&vmi, &cfg(), &Claims(vec![])).unwrap()).unwrap();
         assert_eq!(pod["metadata"]["generateName"], "virt-launcher-vm1-");
         assert_eq!(
             pod["metadata"]["labels"],
@@ -308,5 +462,6 @@ mod tests {
         );
         assert_eq!(c["resources"], json!({"requests": {"memory": "200Mi", "cpu": "1"}, "limits": {"memory": "300Mi"}}));
         assert_eq!(c["volumeMounts"][0]["mountPath"], pod["spec"]["volumes"][0]["hostPath"]["path"], "same path inside and out");
+        assert!(c.get("volumeDevices").is_none(), "no Block boot claim, no devices");
     }
 }
