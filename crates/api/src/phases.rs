@@ -217,6 +217,9 @@ wire_enum! {
         CloneScheduled = "CloneScheduled",
         CloneInProgress = "CloneInProgress",
         WaitForFirstConsumer = "WaitForFirstConsumer",
+        /// CDI's phase of a DataVolume with a volume populator whose claim waits for its
+        /// first consumer (what `WaitForFirstConsumer` is without populators).
+        PendingPopulation = "PendingPopulation",
         Succeeded = "Succeeded",
         Failed = "Failed",
         Unknown = "Unknown",

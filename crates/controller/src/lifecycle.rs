@@ -41,6 +41,7 @@
 
 mod act;
 pub mod launcher_pod;
+pub mod provisioning;
 pub mod schedule;
 pub mod start_failure;
 mod vm_status;
@@ -239,6 +240,11 @@ pub fn volumes(lookup: &impl Lookup, vm: &VirtualMachine) -> Volumes {
                 None => return Volumes::NotFound(format!("DataVolume {} of volume {} does not exist; create it", d.name, v.name)),
                 Some(dv) => match dv.status.as_ref().and_then(|s| s.phase.as_ref()) {
                     Some(DataVolumePhase::Succeeded) => {}
+                    // CDI's phase while its claim waits for the first consumer: with launcher
+                    // pods the VMI is created and a temporary pod consumes the claim
+                    // ([`provisioning`]); CDI imports once the claim binds.
+                    Some(DataVolumePhase::WaitForFirstConsumer | DataVolumePhase::PendingPopulation)
+                        if lookup.pvc(&ns, &d.name).is_some_and(|c| crate::storage::class::waits_for_consumer(&c, lookup)) => {}
                     Some(DataVolumePhase::Failed) => {
                         let why = dv
                             .status

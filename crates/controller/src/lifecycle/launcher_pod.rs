@@ -4,6 +4,10 @@
 //! [`Placement::Direct`], is [`super::schedule`]: the controller picks the node itself (`up`).
 //!
 //! # Flow (one step per reconcile; each write wakes the next)
+//! 0. A new VMI whose boot DataVolumes are not all imported gets no launcher pod yet: it stays
+//!    `Pending` with a `Provisioning` condition, and while a DataVolume's claim waits for its
+//!    first consumer a temporary pod consumes it ([`super::provisioning`]); the temporary pod
+//!    is deleted once they are imported.
 //! 1. A new VMI (`Pending`, no node) without a launcher pod: the pod is created
 //!    ([`pod_for`]: `generateName: virt-launcher-NAME-`, owned by the VMI, resources,
 //!    nodeSelector, affinity and tolerations from the VMI, plus KubeVirt's node selector on the
@@ -51,6 +55,7 @@ use api::kubevirt::VirtualMachineInstanceStatus;
 use api::phases::VmiPhase;
 use api::VirtualMachineInstance;
 
+use super::provisioning::{self, is_temporary};
 use super::schedule::Constraints;
 use super::{api_err, condition, deleting, set_condition, LifecycleError, NODE_LABEL, VM_LABEL};
 use crate::cache::{Cache, Lookup};
@@ -62,6 +67,8 @@ pub const APP_LABEL: &str = "kubevirt.io";
 pub const APP_LAUNCHER: &str = "virt-launcher";
 /// Label with the UID of the VMI a launcher pod runs (KubeVirt's).
 pub const CREATED_BY: &str = "kubevirt.io/created-by";
+/// The VMI condition of a VMI waiting for its DataVolumes (KubeVirt's `Provisioning`).
+pub const PROVISIONING: &str = "Provisioning";
 
 /// How a VMI gets its node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -203,13 +210,68 @@ fn cached_pod(cache: &Cache, ns: &str, uid: &str) -> Option<std::sync::Arc<Pod>>
         p.namespace().as_deref() == Some(ns)
             && p.labels().get(APP_LABEL).map(String::as_str) == Some(APP_LAUNCHER)
             && p.labels().get(CREATED_BY).map(String::as_str) == Some(uid)
+            && !is_temporary(p)
     })
 }
 
 /// The launcher pod of VMI `uid`, read from the API (before a create or a verdict of "gone").
 async fn fresh_pod(pods: &Api<Pod>, uid: &str) -> Result<Option<Pod>, kube::Error> {
-    let list = pods.list(&ListParams::default().labels(&format!("{CREATED_BY}={uid}"))).await?;
-    Ok(list.items.into_iter().next())
+    Ok(fresh_pods(pods, uid).await?.into_iter().find(|p| !is_temporary(p)))
+}
+
+/// Every pod made for VMI `uid` (launcher and temporary), read from the API.
+async fn fresh_pods(pods: &Api<Pod>, uid: &str) -> Result<Vec<Pod>, kube::Error> {
+    Ok(pods.list(&ListParams::default().labels(&format!("{CREATED_BY}={uid}"))).await?.items)
+}
+
+/// The temporary pod step of an unplaced VMI whose boot DataVolumes are not imported
+/// (`waiting` says which, see [`super::provisioning`]): one temporary pod while a claim waits
+/// for its consumer (a GET-level check before the create, as for the launcher pod), and the
+/// VMI's `Provisioning` condition saying what it waits for.
+async fn provision(
+    client: &kube::Client,
+    cache: &Cache,
+    cfg: &LauncherPods,
+    vmi: &VirtualMachineInstance,
+    waiting: &[String],
+    consumer: bool,
+) -> Result<(), WriteError> {
+    let (ns, name, uid) = (vmi.namespace().unwrap_or_default(), vmi.name_any(), vmi.uid().unwrap_or_default());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &ns);
+    if consumer && provisioning::cached(cache, &ns, &uid).is_empty() && !fresh_pods(&pods, &uid).await?.iter().any(is_temporary) {
+        match provisioning::temporary_pod(vmi, cfg, cache) {
+            Ok(pod) => {
+                let created = pods.create(&PostParams::default(), &pod).await?;
+                tracing::info!(pod = %created.name_any(), "created a temporary pod: its DataVolumes' claims wait for their first consumer");
+            }
+            Err(why) => return unschedulable(&vmis, &name, &why).await,
+        }
+    }
+    let why = waiting.join("; ");
+    client::update_status(&vmis, &name, |v: &mut VirtualMachineInstance| {
+        if v.uid().as_deref() != Some(uid.as_str()) {
+            return;
+        }
+        let s = v.status.get_or_insert_with(VirtualMachineInstanceStatus::default);
+        if s.node_name.is_none() {
+            set_condition(&mut s.conditions, condition(PROVISIONING, true, "DataVolumesNotReady", &why));
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Deletes the temporary pods of VMI `uid` in the cache (their DataVolumes are imported).
+async fn remove_temporary(pods: &Api<Pod>, cache: &Cache, ns: &str, uid: &str) -> Result<(), kube::Error> {
+    for p in provisioning::cached(cache, ns, uid).iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        match pods.delete(&p.name_any(), &kube::api::DeleteParams::default()).await {
+            Ok(_) => tracing::info!(pod = %p.name_any(), "deleted the temporary pod: its DataVolumes are imported"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn pod_phase(p: &Pod) -> &str {
@@ -234,6 +296,10 @@ pub(super) async fn place(
     let object = format!("{ns}/{name}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &ns);
+    let (waiting, consumer) = provisioning::unimported(vmi, cache);
+    if waiting.is_empty() {
+        remove_temporary(&pods, cache, &ns, &uid).await.map_err(api_err(&object, "delete its VMI's temporary pod"))?;
+    }
     let pod = match cached_pod(cache, &ns, &uid) {
         Some(p) => Some((*p).clone()),
         None => fresh_pod(&pods, &uid).await.map_err(api_err(&object, "list its VMI's launcher pod"))?,
@@ -244,6 +310,9 @@ pub(super) async fn place(
             fail(client, vmi, "LauncherPodGone", "the launcher pod is gone: the VM's QEMU went with it")
                 .await
                 .map_err(api_err(&object, "fail its VMI"))?;
+        }
+        None if !waiting.is_empty() => {
+            provision(client, cache, cfg, vmi, &waiting, consumer).await.map_err(api_err(&object, "provision its DataVolumes"))?;
         }
         None => {
             let pod = match pod_for(vmi, cfg, cache) {
@@ -257,6 +326,7 @@ pub(super) async fn place(
                 if s.node_name.is_none() && s.phase.as_ref().is_none_or(|p| *p == VmiPhase::Pending || p.as_str().is_empty()) {
                     s.phase = Some(VmiPhase::Scheduling);
                 }
+                s.conditions.retain(|c| c.type_ != PROVISIONING);
             })
             .await
             .map_err(api_err(&object, "mark its VMI Scheduling"))?;
