@@ -73,7 +73,8 @@ impl Pod {
         })
         .await;
         let spec = spec(&self.run_dir(), kernel_args);
-        qemu::process::launch_with(&spec, Starter::Launcher(sock)).await.unwrap()
+        let connection = qemu::launcher::Connection::open(&sock).await.unwrap();
+        qemu::process::launch_with(&spec, Starter::Launcher { connection, inherited: Vec::new() }).await.unwrap()
     }
 
     /// Waits until the pod's process has exited; its exit code.
