@@ -989,7 +989,12 @@ async fn a_boot_claim_waiting_for_its_consumer_binds_with_the_launcher_pod_and_r
     .await;
     // The guest sees the boot claim: its one disk, on virtio-blk (the test guest names SCSI
     // disks by serial only), 64 MiB (512-byte sectors), zeros (an empty claim).
-    let disks: Vec<String> = common::guest::console_lines(&log).into_iter().filter(|l| l.starts_with("BLOCK+ ")).collect();
+    // The guest may print VP-READY before its first disk report.
+    let disks = common::wait_until(T, "the guest to report its disk (BLOCK+ on its console)", || {
+        let disks: Vec<String> = common::guest::console_lines(&log).into_iter().filter(|l| l.starts_with("BLOCK+ ")).collect();
+        async move { (!disks.is_empty()).then_some(disks) }
+    })
+    .await;
     assert_eq!(disks.len(), 1, "one disk, the boot claim: {disks:?}");
     let w: Vec<&str> = disks[0].split_whitespace().collect();
     assert!(w[1].starts_with("vd"), "a virtio-blk disk: {w:?}");
