@@ -328,16 +328,16 @@ fn spawn_qemu(received: Received, run_dir: &Path) -> Result<tokio::process::Chil
     refuse_own_monitor(&req.args).map_err(|e| format!("refusing to start QEMU: {e}"))?;
     // Each fd moved above the range it goes to (CLOEXEC: these copies end at exec), so the
     // child's dup2 to 3+i never overwrites a source it has yet to place.
-    let first = crate::cmdline::FIRST_INHERITED_FD;
-    let above = i32::try_from(first as usize + inherited.len()).map_err(|_| "too many boot disk fds".to_owned())?;
+    // `read_request` took at most MAX_INHERITED fds: the numbers fit an i32.
+    let first = i32::try_from(crate::cmdline::FIRST_INHERITED_FD).map_err(|e| e.to_string())?;
+    let above = i32::try_from(inherited.len()).map_err(|e| e.to_string())? + first;
     let high: Vec<OwnedFd> = inherited
         .iter()
         .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, above))
         .collect::<Result<_, _>>()
         .map_err(|e| format!("cannot duplicate a boot disk fd: {e}"))?;
     drop(inherited);
-    let places: Vec<(i32, i32)> =
-        high.iter().zip(first..).map(|(h, to)| (std::os::fd::AsRawFd::as_raw_fd(h), i32::try_from(to).unwrap_or(i32::MAX))).collect();
+    let places: Vec<(i32, i32)> = high.iter().map(std::os::fd::AsRawFd::as_raw_fd).zip(first..).collect();
     let log = std::fs::File::from(log);
     let stdout = log.try_clone().map_err(|e| format!("cannot duplicate the log fd: {e}"))?;
     let binary = crate::process::qemu_binary();

@@ -143,7 +143,7 @@ enum BootSource {
     /// launcher pod has at the same path), claims when the agent starts QEMU itself.
     Path(PathBuf),
     /// With launcher pods, a claim: mounted only in the launcher pod, opened there by the agent
-    /// and inherited by QEMU as an fd ([`open_in_launcher`]).
+    /// and inherited by QEMU as an fd ([`launcher_starter`]).
     InPod(Claim),
 }
 
@@ -251,7 +251,7 @@ fn opened_readonly(vmi: &VirtualMachineInstance, volume: &str) -> bool {
 /// Launcher pods: connects to the VMI's launcher and opens each boot claim of `sources` inside
 /// its pod (by the launcher's PID, the socket's peer), in volume-name order; the starter that
 /// hands those fds to QEMU, and the fd index of each volume ([`qemu::cmdline::DiskSource::Inherited`]).
-async fn open_in_launcher(
+async fn launcher_starter(
     shared: &Shared,
     vmi: &VirtualMachineInstance,
     run_dir: &Path,
@@ -292,7 +292,7 @@ pub(super) async fn launch(
     let record = prepare(shared, vmi, run_dir).await?;
     let sources = boot_sources(shared, vmi, run_dir, seed).await?;
     let (starter, fd_index) = if shared.config.launcher_pods {
-        open_in_launcher(shared, vmi, run_dir, &sources).await?
+        launcher_starter(shared, vmi, run_dir, &sources).await?
     } else {
         (qemu::process::Starter::Own, HashMap::new())
     };
