@@ -1,8 +1,8 @@
 //! A volume's source on this node, from its claim: the claim must be ready (bound and, for a
 //! DataVolume, imported); then the local provisioner's file or loop device is opened, or — in
 //! cluster mode — the volume inside the pod that has it: a hot-plugged claim in its attachment
-//! pod ([`open`]), a boot claim in the VMI's launcher pod ([`open_in_launcher`]). Names from the API are checked before
-//! they touch a path ([`source::check_name`], [`source::check_uid`]).
+//! pod ([`open`]), a boot claim in the VMI's launcher pod ([`open_in_launcher`]). Names from
+//! the API are checked before they touch a path ([`source::check_name`], [`source::check_uid`]).
 
 use std::path::{Path, PathBuf};
 

@@ -196,8 +196,8 @@ impl LaunchSpec {
     ///
     /// Nothing from a spec can add an option: `-device` and `-blockdev` are JSON objects built
     /// with `serde_json` (a string stays one string), the `QemuOpts` arguments (`-name`,
-    /// `-chardev`, `-add-fd`) escape their values ([`crate::opts`]), and `-kernel`, `-initrd`, `-append`,
-    /// `-pidfile` take their value whole.
+    /// `-chardev`, `-add-fd`) escape their values ([`crate::opts`]), and `-kernel`, `-initrd`,
+    /// `-append`, `-pidfile` take their value whole.
     #[must_use]
     pub fn args(&self) -> Vec<String> {
         let p = |p: &Path| p.display().to_string();

@@ -91,8 +91,9 @@ pub enum Starter {
     Own,
     /// The VMI's launcher (its pod's main process), connected ([`crate::launcher`]): QEMU is its
     /// child, in the pod's cgroup, and inherits `inherited` — the fd of the spec's
-    /// [`crate::cmdline::DiskSource::Inherited`]`(n)` is `inherited[n]` (opened by the caller inside the pod,
-    /// through the connection's [`launcher_pid`](crate::launcher::Connection::launcher_pid)).
+    /// [`crate::cmdline::DiskSource::Inherited`]`(n)` is `inherited[n]` (opened by the caller
+    /// inside the pod, through the connection's
+    /// [`launcher_pid`](crate::launcher::Connection::launcher_pid)).
     Launcher { connection: crate::launcher::Connection, inherited: Vec<std::os::fd::OwnedFd> },
 }
 

@@ -248,9 +248,11 @@ fn opened_readonly(vmi: &VirtualMachineInstance, volume: &str) -> bool {
         .is_some_and(|d| d.readonly() || (d.kind() == api::kubevirt::DiskKind::Cdrom && d.bus().unwrap_or("sata") == "sata"))
 }
 
-/// Launcher pods: connects to the VMI's launcher and opens each boot claim of `sources` inside
-/// its pod (by the launcher's PID, the socket's peer), in volume-name order; the starter that
-/// hands those fds to QEMU, and the fd index of each volume ([`qemu::cmdline::DiskSource::Inherited`]).
+/// Launcher pods: connects to the VMI's launcher and opens each boot claim of `sources` that a
+/// disk uses inside its pod (by the launcher's PID, the socket's peer), in volume-name order;
+/// the starter that hands those fds to QEMU, and the fd index of each volume
+/// ([`qemu::cmdline::DiskSource::Inherited`]). A claim no disk uses is not opened: QEMU would
+/// get an fd its command line never names.
 async fn launcher_starter(
     shared: &Shared,
     vmi: &VirtualMachineInstance,
@@ -267,6 +269,7 @@ async fn launcher_starter(
             BootSource::InPod(c) => Some((v, c)),
             BootSource::Path(_) => None,
         })
+        .filter(|(v, _)| vmi.spec.domain.devices.disks.iter().any(|d| d.name == **v))
         .collect();
     claims.sort_by_key(|(v, _)| *v);
     let (mut inherited, mut index) = (Vec::new(), HashMap::new());
