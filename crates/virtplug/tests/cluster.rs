@@ -795,6 +795,15 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
         async move { attachment_pods(&pods, &uid).await.is_empty().then_some(()) }
     })
     .await;
+    // The stand-in kubelet checks a deleted pod's claims once its processes are gone.
+    for p in [&first, &second] {
+        let stopped = standins::stopped_marker(&c.dir.path().join("n2"), &p.uid().unwrap());
+        common::wait_until(T, "the kubelet to stop each attachment pod and check its claims", || {
+            let done = stopped.exists();
+            async move { done.then_some(()) }
+        })
+        .await;
+    }
     let early = std::fs::read_to_string(c.dir.path().join("n2/detached-in-use")).unwrap_or_default();
     assert!(early.is_empty(), "an attachment pod was deleted while QEMU held its claim:\n{early}");
 }
@@ -1071,6 +1080,12 @@ async fn a_boot_claim_waiting_for_its_consumer_binds_with_the_launcher_pod_and_r
     assert!(!alive(qemu), "QEMU stopped before the VMI's finalizer went");
     common::wait_until(T, "the launcher pod to be garbage-collected", || async {
         pods.get_opt(&pod.name_any()).await.ok().flatten().is_none().then_some(())
+    })
+    .await;
+    let stopped = standins::stopped_marker(&c.dir.path().join("n2"), &pod.uid().unwrap());
+    common::wait_until(T, "the kubelet to stop the launcher pod and check its claim", || {
+        let done = stopped.exists();
+        async move { done.then_some(()) }
     })
     .await;
     let detached = std::fs::read_to_string(c.dir.path().join("n2/detached-in-use")).unwrap_or_default();

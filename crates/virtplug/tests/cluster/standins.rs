@@ -260,7 +260,7 @@ struct Running {
 /// the descendants it had, such as a launcher's QEMU, waited for), a process that still holds
 /// a file of a claim no other pod on the node mounts gets a line in `ROOT/detached-in-use`: on
 /// real storage the claim would be detached under that process (a guest I/O error); tests
-/// assert the file stays absent.
+/// wait for the pod's [`stopped_marker`] and assert the file stays absent.
 /// A claim is found as the module docs say ([`claim_dir`]); a pod whose claim's PV has node
 /// affinity that excludes this node fails, with the kubelet's words for it.
 #[allow(dead_code)] // tests/cluster.rs gives every kubelet the guest's image
@@ -299,7 +299,7 @@ pub fn kubelet_with_image(client: kube::Client, node: &str, root: &Path, image: 
                 // pod's processes are gone (a launcher pod's QEMU may use its boot claim until
                 // then): a process still holding a file of it would lose its I/O on real storage.
                 let detached: Vec<PathBuf> = r.claims.iter().filter(|d| !running.values().any(|o| o.claims.contains(d))).cloned().collect();
-                let report = root.join("detached-in-use");
+                let (report, stopped) = (root.join("detached-in-use"), stopped_marker(&root, &uid));
                 tokio::spawn(async move {
                     kill(r).await;
                     for dir in &detached {
@@ -309,10 +309,19 @@ pub fn kubelet_with_image(client: kube::Client, node: &str, root: &Path, image: 
                             std::io::Write::write_all(&mut f, line.as_bytes()).unwrap();
                         }
                     }
+                    // The pod is fully stopped and checked: a test may read `detached-in-use`.
+                    std::fs::write(&stopped, b"").unwrap();
                 });
             }
         }
     }))
+}
+
+/// The file [`kubelet`] (on node root `root`) creates once deleted pod `uid` is stopped and its
+/// claims are checked for a process holding them (`ROOT/pods/UID.stopped`).
+#[allow(dead_code)] // tests/rbac.rs does not wait for it
+pub fn stopped_marker(root: &Path, uid: &str) -> PathBuf {
+    root.join("pods").join(format!("{uid}.stopped"))
 }
 
 /// How long the descendants of a killed pod's main process (QEMU, killed by its launcher's
