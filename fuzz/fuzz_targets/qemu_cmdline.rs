@@ -11,8 +11,15 @@ use qemu::bootfiles::AllowedDirs;
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Ok(spec) = serde_json::from_slice::<api::kubevirt::VirtualMachineInstanceSpec>(data) else { return };
     // Names and paths from the spec itself: the volume name becomes part of the source path, as
-    // emptyDisk image names do.
-    let source = |v: &api::kubevirt::Volume| Some(PathBuf::from(format!("/run/vp,{}/empty-{}.img", v.name, v.name)));
+    // emptyDisk image names do; a volume whose name has an odd length is an fd inherited from a
+    // launcher instead (its disk name goes into the `-add-fd` opaque).
+    let source = |v: &api::kubevirt::Volume| {
+        Some(if v.name.len() % 2 == 1 {
+            qemu::cmdline::DiskSource::Inherited(u32::try_from(v.name.len()).unwrap_or(0))
+        } else {
+            PathBuf::from(format!("/run/vp,{}/empty-{}.img", v.name, v.name)).into()
+        })
+    };
     let name = spec.domain.devices.disks.first().map(|d| format!("ns_{},x=y", d.name)).unwrap_or_default();
     if let Ok(mut launch) = qemu::cmdline::from_vmi(&spec, &name, Path::new("/run/vp,x=y"), Resolved::Tcg, &AllowedDirs::default(), source) {
         // The NICs, as the node agent adds them: interfaces, MACs and ports from the spec.

@@ -1,7 +1,8 @@
-//! A hot-plug volume's source on this node, from its claim: the claim must be ready (bound and,
-//! for a DataVolume, imported); then the local provisioner's file or loop device is opened, or —
-//! in cluster mode — the volume inside its attachment pod. Names from the API are checked before
-//! they touch a path ([`source::check_name`], [`source::check_uid`]).
+//! A volume's source on this node, from its claim: the claim must be ready (bound and, for a
+//! DataVolume, imported); then the local provisioner's file or loop device is opened, or — in
+//! cluster mode — the volume inside the pod that has it: a hot-plugged claim in its attachment
+//! pod ([`open`]), a boot claim in the VMI's launcher pod ([`open_in_launcher`]). Names from
+//! the API are checked before they touch a path ([`source::check_name`], [`source::check_uid`]).
 
 use std::path::{Path, PathBuf};
 
@@ -86,7 +87,8 @@ fn is_block(pvc: &PersistentVolumeClaim) -> bool {
     pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
 }
 
-/// The host path of a claim (for volumes present from boot, which QEMU opens by path).
+/// The host path of a claim (for volumes present from boot, which a QEMU the agent starts
+/// opens by path; with launcher pods they are opened in the pod: [`open_in_launcher`]).
 ///
 /// # Errors
 /// When the claim is not ready or its data is not there.
@@ -99,6 +101,31 @@ pub async fn claim_path(shared: &Shared, ns: &str, claim: &Claim) -> Result<Path
     let missing = || SourceError::NotReady(format!("claim {} has no loop device yet", claim.name));
     // sysfs reads: off the async threads.
     tokio::task::spawn_blocking(move || loop_device_of(&dir.join("block.img"))).await.ok().flatten().ok_or_else(missing)
+}
+
+/// Launcher pods: opens boot claim `claim` of volume `volume` inside the VMI's launcher pod
+/// (process `launcher_pid`, as this process sees it), where the kubelet mounted it — a
+/// Filesystem claim's `disk.img` or a Block claim's device at the paths the controller gave
+/// the pod ([`api::launcher_disks`]) — with the resolve rules of [`source::open_in_pod`]. The
+/// claim is read first (bound and, for a DataVolume, imported) for its volume mode.
+///
+/// # Errors
+/// As [`source::open_in_pod`]; `NotReady` while the claim is not ready.
+pub(crate) async fn open_in_launcher(
+    shared: &Shared,
+    ns: &str,
+    volume: &str,
+    claim: &Claim,
+    launcher_pid: i32,
+    readonly: bool,
+) -> Result<source::Opened, SourceError> {
+    source::check_name("volume name", volume)?;
+    let pvc = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
+    let block = is_block(&pvc);
+    let path = if block { api::launcher_disks::device_path(volume) } else { api::launcher_disks::image_path(volume) };
+    tokio::task::spawn_blocking(move || source::open_in_pod(launcher_pid, &path, readonly, block))
+        .await
+        .map_err(|e| SourceError::NotReady(e.to_string()))?
 }
 
 /// Opens the source of a hot-plug volume: from the local provisioner's storage root, or — in

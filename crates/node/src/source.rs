@@ -11,8 +11,10 @@
 //!   `block.img`, and `fstat` says it is a block device.
 //! - Every fd is `O_CLOEXEC`, read-only when the disk is (QEMU's open mode must match).
 //!
-//! In cluster mode a volume lives in its attachment pod and is opened through the pod process's
-//! root ([`attachment_pod_pid`], [`open_in_pod`]) with the same resolve rules.
+//! In cluster mode a volume lives in a pod — a hot-plugged claim in its attachment pod
+//! ([`attachment_pod_pid`]), a boot claim in the VMI's launcher pod (the launcher's PID from its
+//! socket) — and is opened through the pod process's root ([`open_in_pod`]) with the same
+//! resolve rules.
 //!
 //! The device permission check is the `open` itself (the agent's own credentials): no `mknod`,
 //! no device-cgroup rule.
@@ -159,7 +161,7 @@ pub fn open_in_pod(pid: i32, path: &Path, readonly: bool, block: bool) -> Result
     let root_path = PathBuf::from(format!("/proc/{pid}/root"));
     let shown = PathBuf::from(format!("/proc/{pid}/root{}", path.display()));
     let root = rustix::fs::open(&root_path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| SourceError::NotReady(format!("attachment pod process {pid} is gone: {e}")))?;
+        .map_err(|e| SourceError::NotReady(format!("pod process {pid} is gone: {e}")))?;
     let rel = path.strip_prefix("/").unwrap_or(path);
     let access = if readonly { OFlags::RDONLY } else { OFlags::RDWR };
     let resolve = ResolveFlags::IN_ROOT | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;

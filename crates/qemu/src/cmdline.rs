@@ -55,11 +55,57 @@ pub struct KernelBoot {
     pub cmdline: String,
 }
 
+/// The fd number in QEMU of the first fd it inherits from its launcher ([`DiskSource::Inherited`]):
+/// right after stdin, stdout and stderr.
+pub const FIRST_INHERITED_FD: u32 = 3;
+
+/// The opaque prefix of the fd sets of inherited boot disks (`-add-fd`). Distinct from the
+/// `virtplug:` of hot-plug's sets, which an agent removes as stale after a takeover
+/// ([`crate::Machine::remove_stale_fdsets`]): a boot disk's set is its drive's for QEMU's life.
+pub const BOOT_FDSET_PREFIX: &str = "virtplug-boot:";
+
+/// Where QEMU reads a disk present from boot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiskSource {
+    /// A path QEMU opens itself: QEMU runs where the path is (the agent's own QEMU; `up`).
+    Path(PathBuf),
+    /// The `n`-th fd QEMU inherits from its launcher ([`crate::launcher`]): with launcher pods a
+    /// claim is mounted only inside the pod, where the node agent opened it (the fd-handoff
+    /// rule, as for hot-plug). It is fd [`FIRST_INHERITED_FD`]` + n` in QEMU, added to fd set
+    /// `n` by `-add-fd` (opaque [`BOOT_FDSET_PREFIX`]`<disk>`); the drive opens `/dev/fdset/n`.
+    /// Its open mode is the disk's (a read-only disk needs a read-only fd).
+    Inherited(u32),
+}
+
+impl DiskSource {
+    /// The file name QEMU's `file` driver opens.
+    fn filename(&self) -> String {
+        match self {
+            DiskSource::Path(p) => p.display().to_string(),
+            DiskSource::Inherited(n) => format!("/dev/fdset/{n}"),
+        }
+    }
+
+    /// The `-add-fd` that puts inherited fd `n` in its set, for the drive `id`; nothing for a path.
+    fn add_fd(&self, id: &str) -> Vec<String> {
+        let DiskSource::Inherited(n) = self else { return Vec::new() };
+        let fd = (FIRST_INHERITED_FD + n).to_string();
+        let opts = Opts::new().set("fd", &fd).set("set", &n.to_string()).set("opaque", &format!("{BOOT_FDSET_PREFIX}{id}"));
+        vec!["-add-fd".to_owned(), opts.build()]
+    }
+}
+
+impl From<PathBuf> for DiskSource {
+    fn from(p: PathBuf) -> DiskSource {
+        DiskSource::Path(p)
+    }
+}
+
 /// A disk present from boot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BootDisk {
     pub id: String,
-    pub path: PathBuf,
+    pub source: DiskSource,
     pub readonly: bool,
     pub sata: bool,
     pub bootindex: Option<u32>,
@@ -71,7 +117,7 @@ pub struct BootDisk {
 pub struct CdromDrive {
     pub id: String,
     pub bootindex: Option<u32>,
-    pub medium: Option<PathBuf>,
+    pub medium: Option<DiskSource>,
 }
 
 /// Everything needed to start one VM.
@@ -130,12 +176,28 @@ impl LaunchSpec {
         self.run_dir.join("qemu.pid")
     }
 
+    /// The inherited fds the drives use ([`DiskSource::Inherited`]), sorted: whoever starts
+    /// QEMU must hand it exactly `0..n` of them.
+    #[must_use]
+    pub fn inherited_fds(&self) -> Vec<u32> {
+        let cds = self.cdrom_drives.iter().filter_map(|c| c.medium.as_ref());
+        let mut n: Vec<u32> = cds
+            .chain(self.boot_disks.iter().map(|d| &d.source))
+            .filter_map(|s| match s {
+                DiskSource::Inherited(n) => Some(*n),
+                DiskSource::Path(_) => None,
+            })
+            .collect();
+        n.sort_unstable();
+        n
+    }
+
     /// The arguments after the QEMU binary.
     ///
     /// Nothing from a spec can add an option: `-device` and `-blockdev` are JSON objects built
     /// with `serde_json` (a string stays one string), the `QemuOpts` arguments (`-name`,
-    /// `-chardev`) escape their values ([`crate::opts`]), and `-kernel`, `-initrd`, `-append`,
-    /// `-pidfile` take their value whole.
+    /// `-chardev`, `-add-fd`) escape their values ([`crate::opts`]), and `-kernel`, `-initrd`,
+    /// `-append`, `-pidfile` take their value whole.
     #[must_use]
     pub fn args(&self) -> Vec<String> {
         let p = |p: &Path| p.display().to_string();
@@ -197,9 +259,9 @@ impl LaunchSpec {
         a
     }
 
-    /// `-blockdev`/`-device` pairs of the CD-ROM drives and boot disks, as JSON.
+    /// `-blockdev`/`-device` pairs of the CD-ROM drives and boot disks, as JSON (each inherited
+    /// source's `-add-fd` before its `-blockdev`).
     fn drive_args(&self) -> Vec<String> {
-        let p = |p: &Path| p.display().to_string();
         let mut a = Vec::new();
         let mut port = 0;
         for cd in &self.cdrom_drives {
@@ -207,7 +269,8 @@ impl LaunchSpec {
             port += 1;
             if let Some(m) = &cd.medium {
                 let node = format!("{}-medium", cd.id);
-                let bd = json!({"driver": "raw", "node-name": node, "read-only": true, "file": {"driver": "file", "filename": p(m), "read-only": true}});
+                a.extend(m.add_fd(&cd.id));
+                let bd = json!({"driver": "raw", "node-name": node, "read-only": true, "file": {"driver": "file", "filename": m.filename(), "read-only": true}});
                 a.extend(["-blockdev".to_owned(), bd.to_string()]);
                 dev["drive"] = json!(node);
             }
@@ -218,7 +281,8 @@ impl LaunchSpec {
         }
         for d in &self.boot_disks {
             let node = format!("{}-disk", d.id);
-            let bd = json!({"driver": "raw", "node-name": node, "read-only": d.readonly, "file": {"driver": "file", "filename": p(&d.path), "read-only": d.readonly}});
+            a.extend(d.source.add_fd(&d.id));
+            let bd = json!({"driver": "raw", "node-name": node, "read-only": d.readonly, "file": {"driver": "file", "filename": d.source.filename(), "read-only": d.readonly}});
             a.extend(["-blockdev".to_owned(), bd.to_string()]);
             let mut dev = if d.sata {
                 let dev = json!({"driver": "ide-hd", "id": d.id, "bus": format!("ide.{port}"), "drive": node});
@@ -259,6 +323,7 @@ pub fn audit(args: &[String]) -> Result<(), String> {
             "-device" => &["driver", "id", "bus", "drive", "bootindex", "serial", "netdev", "mac", "romfile"],
             "-netdev" => &["", "id", "restrict", "hostfwd"],
             "-blockdev" => &["driver", "node-name", "read-only", "file", "file.driver", "file.filename", "file.read-only"],
+            "-add-fd" => &["fd", "set", "opaque"],
             _ => continue,
         };
         let keys: Vec<String> = match flag {
@@ -290,6 +355,9 @@ pub fn audit(args: &[String]) -> Result<(), String> {
         if flag == "-netdev" {
             netdev_values(arg).map_err(|m| format!("{flag} {arg}: {m}"))?;
         }
+        if flag == "-add-fd" {
+            add_fd_values(arg).map_err(|m| format!("{flag} {arg}: {m}"))?;
+        }
     }
     Ok(())
 }
@@ -311,6 +379,35 @@ fn netdev_values(arg: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The values of an `-add-fd` this crate writes ([`DiskSource::Inherited`]): an fd past stdio,
+/// a set number, a boot opaque (never hot-plug's `virtplug:`, whose sets are removed as stale).
+fn add_fd_values(arg: &str) -> Result<(), String> {
+    let number = |v: &str| v.parse::<u32>().ok();
+    for (k, v) in crate::opts::parse(arg) {
+        let ok = match k.as_deref().unwrap_or_default() {
+            "fd" => number(&v).is_some_and(|fd| fd >= FIRST_INHERITED_FD),
+            "set" => number(&v).is_some(),
+            "opaque" => v.starts_with(BOOT_FDSET_PREFIX),
+            _ => true,
+        };
+        if !ok {
+            return Err(format!("{v:?} is not a value this command line writes"));
+        }
+    }
+    Ok(())
+}
+
+/// The inherited fds (`-add-fd fd=N`) that `args` name, in order.
+#[must_use]
+pub fn add_fd_numbers(args: &[String]) -> Vec<u32> {
+    args.windows(2)
+        .filter(|w| w[0] == "-add-fd")
+        .flat_map(|w| crate::opts::parse(&w[1]))
+        .filter(|(k, _)| k.as_deref() == Some("fd"))
+        .filter_map(|(_, v)| v.parse().ok())
+        .collect()
 }
 
 /// QEMU's seccomp filter as virtplug runs it (`LaunchSpec::sandbox`): no obsolete system
@@ -346,8 +443,9 @@ pub fn vcpus(dom: &api::kubevirt::DomainSpec) -> Result<u32, CmdlineError> {
         .ok_or_else(|| invalid("spec.domain.cpu", format!("cores × sockets × threads is {n} vCPUs; a guest can have at most {max}")))
 }
 
-/// Builds the launch spec of a VMI. `source` gives the host path of a volume present from boot
-/// (not hot-pluggable); hot-pluggable volumes are left for hot-plug. `boot_files` decides which
+/// Builds the launch spec of a VMI. `source` gives where QEMU finds a volume present from boot
+/// (not hot-pluggable: a host path, or an fd it inherits from its launcher); hot-pluggable
+/// volumes are left for hot-plug. `boot_files` decides which
 /// host files `kernelBoot` may name.
 ///
 /// # Errors
@@ -360,7 +458,7 @@ pub fn from_vmi(
     run_dir: &Path,
     accel: Resolved,
     boot_files: &AllowedDirs,
-    source: impl Fn(&Volume) -> Option<PathBuf>,
+    source: impl Fn(&Volume) -> Option<DiskSource>,
 ) -> Result<LaunchSpec, CmdlineError> {
     let dom = &spec.domain;
     let memory_mib =
@@ -413,10 +511,11 @@ pub fn from_vmi(
             _ if hotplug || volume.is_none() => {}
             _ => {
                 let Some(v) = volume else { continue };
-                let path = source(v).ok_or_else(|| invalid(format!("{field}.name"), format!("volume {:?} has no local source", d.name)))?;
+                let source =
+                    source(v).ok_or_else(|| invalid(format!("{field}.name"), format!("volume {:?} has no local source", d.name)))?;
                 boot_disks.push(BootDisk {
                     id: d.name.clone(),
-                    path,
+                    source,
                     // A cloud-init seed is a read-only image (ISO 9660) the agent built.
                     readonly: d.readonly() || v.cloud_init().is_some(),
                     sata: d.bus() == Some("sata"),
@@ -504,7 +603,8 @@ mod tests {
                         {"name": "hp", "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}}]
         }));
         let l =
-            from_vmi(&s, "vm1", Path::new("/run/vm1"), Resolved::Tcg, &dirs, |v| Some(PathBuf::from(format!("/vol/{}", v.name)))).unwrap();
+            from_vmi(&s, "vm1", Path::new("/run/vm1"), Resolved::Tcg, &dirs, |v| Some(PathBuf::from(format!("/vol/{}", v.name)).into()))
+                .unwrap();
         assert_eq!((l.memory_mib, l.vcpus), (256, 2));
         assert_eq!(l.cdrom_drives, [CdromDrive { id: "cd".into(), bootindex: Some(2), medium: None }]);
         assert_eq!(l.boot_disks.len(), 1, "the hot-pluggable volume is left for hot-plug");
@@ -536,7 +636,7 @@ mod tests {
             let s = spec(json!({"domain": {"devices": {"disks": [disk]}},
                 "volumes": [{"name": "ci", "cloudInitConfigDrive": {"userData": "#cloud-config"}}]}));
             let l = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, &AllowedDirs::default(), |v| {
-                (v.name == "ci").then(|| PathBuf::from("/r/cloud-init.iso"))
+                (v.name == "ci").then(|| PathBuf::from("/r/cloud-init.iso").into())
             })
             .unwrap();
             let args = l.args();
@@ -547,6 +647,51 @@ mod tests {
                 args.contains(r#""read-only":true,"file":{"driver":"file","filename":"/r/cloud-init.iso","read-only":true}"#),
                 "{args}"
             );
+        }
+    }
+
+    /// Launcher pods (issue 19): a boot claim reaches QEMU as an inherited fd — an `-add-fd`
+    /// (fd 3+n, set n, a `virtplug-boot:` opaque that hot-plug's stale-set cleanup never
+    /// matches) before the drive that opens `/dev/fdset/n`; no path to the claim on the command
+    /// line. The audit accepts exactly that and refuses any other key or value in an `-add-fd`.
+    #[test]
+    fn an_inherited_boot_disk_is_an_fd_set_and_the_audit_holds_it_to_that() {
+        let s = spec(json!({"domain": {"devices": {"disks": [
+                {"name": "root", "disk": {"bus": "virtio"}, "bootOrder": 1},
+                {"name": "data", "disk": {"bus": "virtio"}, "serial": "data"},
+                {"name": "ci", "disk": {"bus": "virtio"}}]}},
+            "volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": "c-root"}},
+                        {"name": "data", "dataVolume": {"name": "dv"}},
+                        {"name": "ci", "cloudInitNoCloud": {"userData": "#cloud-config"}}]}));
+        let l = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, &AllowedDirs::default(), |v| match v.name.as_str() {
+            "root" => Some(DiskSource::Inherited(0)),
+            "data" => Some(DiskSource::Inherited(1)),
+            _ => Some(PathBuf::from("/r/ci.iso").into()),
+        })
+        .unwrap();
+        assert_eq!(l.inherited_fds(), [0, 1]);
+        let args = l.args();
+        audit(&args).unwrap();
+        let joined = args.join(" ");
+        for want in [
+            r#"-add-fd fd=3,set=0,opaque=virtplug-boot:root -blockdev {"driver":"raw","node-name":"root-disk","read-only":false,"file":{"driver":"file","filename":"/dev/fdset/0","read-only":false}}"#,
+            r#"-add-fd fd=4,set=1,opaque=virtplug-boot:data -blockdev {"driver":"raw","node-name":"data-disk","read-only":false,"file":{"driver":"file","filename":"/dev/fdset/1","read-only":false}}"#,
+            r#""filename":"/r/ci.iso""#,
+        ] {
+            assert!(joined.contains(want), "missing {want:?} in {joined}");
+        }
+        assert_eq!(add_fd_numbers(&args), [3, 4]);
+        assert!(!BOOT_FDSET_PREFIX.starts_with("virtplug:"), "hot-plug's stale fd sets are `virtplug:`; boot sets must never match");
+        for bad in [
+            "fd=3,set=0,opaque=virtplug-boot:root,opaque=x",
+            "fd=3,set=0,opaque=virtplug-boot:root,fdset=9",
+            "fd=2,set=0,opaque=virtplug-boot:root",
+            "fd=x,set=0,opaque=virtplug-boot:root",
+            "fd=3,set=0,opaque=virtplug:root",
+            "fd=3,set=-1,opaque=virtplug-boot:root",
+        ] {
+            let e = audit(&["-add-fd".to_owned(), bad.to_owned()]).unwrap_err();
+            assert!(e.starts_with("-add-fd "), "{bad}: {e}");
         }
     }
 
@@ -650,13 +795,19 @@ mod tests {
             kernel: None,
             boot_disks: vec![BootDisk {
                 id: disk.to_owned(),
-                path: PathBuf::from(path).join("d.img"),
+                // Both kinds of source, by the serial's length: an inherited fd's opaque names
+                // the disk, which must not add a key either.
+                source: if serial.len().is_multiple_of(2) { DiskSource::Inherited(0) } else { PathBuf::from(path).join("d.img").into() },
                 readonly: false,
                 sata: serial.len().is_multiple_of(2),
                 bootindex: Some(1),
                 serial: Some(serial.to_owned()),
             }],
-            cdrom_drives: vec![CdromDrive { id: format!("{disk}cd"), bootindex: None, medium: Some(PathBuf::from(path).join("m.iso")) }],
+            cdrom_drives: vec![CdromDrive {
+                id: format!("{disk}cd"),
+                bootindex: None,
+                medium: Some(PathBuf::from(path).join("m.iso").into()),
+            }],
             nics: Vec::new(),
             own_mount_namespace: false,
             sandbox: true,

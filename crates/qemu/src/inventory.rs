@@ -290,7 +290,9 @@ mod tests {
                 {"fdset-id": 1, "fds": [{"fd": 31, "opaque": "someone-else"}]},
                 {"fdset-id": 2, "fds": [{"fd": 32}]},
                 {"fdset-id": 3, "fds": [{"fd": 33}, {"fd": 34, "opaque": "virtplug:b"}]},
-                {"fdset-id": 4, "fds": [{"fd": 35, "opaque": "virtplug:c"}]}
+                {"fdset-id": 4, "fds": [{"fd": 35, "opaque": "virtplug:c"}]},
+                // A launcher pod's boot disk (`-add-fd`): its drive's for QEMU's life, never stale.
+                {"fdset-id": 5, "fds": [{"fd": 36, "opaque": format!("{}root", crate::cmdline::BOOT_FDSET_PREFIX)}]}
             ]),
         );
         fake.reply("remove-fd", json!({})).refuse("remove-fd", "GenericError", "fdset-id not found");

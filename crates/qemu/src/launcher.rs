@@ -6,12 +6,17 @@
 //! # Flow
 //! 1. The launcher listens on `RUN_DIR/launcher.sock` ([`SOCKET`]); the run dir is a hostPath
 //!    both the pod and the node agent see.
-//! 2. The agent connects and sends one [`Request`]: QEMU's arguments as a JSON line, with the
-//!    fd of `qemu.log` (QEMU's stdout and stderr) as SCM_RIGHTS on the same `sendmsg`.
+//! 2. The agent connects ([`Connection::open`]: the launcher's PID is the socket's peer), opens
+//!    the VMI's boot claims inside the pod (through `/proc/PID/root`: they are mounted only
+//!    there) and sends one [`Request`]: QEMU's arguments as a JSON line, with the fd of
+//!    `qemu.log` (QEMU's stdout and stderr) and then one fd per boot claim as SCM_RIGHTS on the
+//!    same `sendmsg`.
 //! 3. The launcher checks the arguments ([`crate::cmdline::audit`], and that none names its own
 //!    monitor), adds its own QMP monitor ([`MONITOR`]), spawns QEMU as its child (no
 //!    `-daemonize`, no new session: it stays in the pod's cgroup, and `PR_SET_PDEATHSIG=SIGKILL`
-//!    kills it if the launcher dies), and answers `{"pid": N}` or `{"error": "..."}`. N is
+//!    kills it if the launcher dies) with the boot claims' fds at 3, 4, … (the arguments'
+//!    `-add-fd fd=3+i`, [`crate::cmdline::DiskSource::Inherited`]: QEMU inherits them, no
+//!    path to a claim is on its command line), and answers `{"pid": N}` or `{"error": "..."}`. N is
 //!    QEMU's PID in the launcher's PID namespace, for the logs: the agent learns QEMU's PID as
 //!    it sees it from the peer credentials of its QMP connection ([`crate::process`]), and the
 //!    launcher's from those of this socket. Adoption after an agent restart
@@ -35,7 +40,8 @@
 //!
 //! # Guarantees
 //! - One QEMU per launcher: a second request is answered with an error naming the running PID.
-//! - A request with unknown fields, or without exactly one fd, is refused, not guessed at.
+//! - A request with unknown fields, or whose fds are not exactly the log's plus one per
+//!   `-add-fd` of its arguments (numbered 3, 4, … in order), is refused, not guessed at.
 //! - A request whose arguments name the launcher's monitor (its chardev id or socket) is
 //!   refused: that monitor is the launcher's way to stop the guest and no one else's.
 //!
@@ -78,6 +84,10 @@ const ANSWER_DEADLINE: Duration = Duration::from_secs(30);
 /// Longest request read (QEMU's arguments: a few KiB).
 const MAX_REQUEST: usize = 1 << 20;
 
+/// Most boot-claim fds one request may carry (a VMI's boot claims; the kernel allows 253 fds
+/// per message). More is refused by the agent before sending.
+pub const MAX_INHERITED: usize = 64;
+
 /// Errors of the handoff, on either side.
 #[derive(Debug, thiserror::Error)]
 pub enum LauncherError {
@@ -118,42 +128,74 @@ pub struct Started {
     pub pid_in_pod: i32,
 }
 
-/// Sends `request` with `log` (QEMU's stdout and stderr) to the launcher at `socket`.
-///
-/// # Errors
-/// `Io` (no launcher listening: the caller waits and retries), `Timeout`, `Refused` with the
-/// launcher's reason.
-pub async fn hand_over(socket: &Path, request: &Request, log: &std::fs::File) -> Result<Started, LauncherError> {
-    let io_err = |source| LauncherError::Io { path: socket.to_owned(), source };
-    let stream = connect(socket).await.map_err(io_err)?;
-    let launcher_pid = rustix::net::sockopt::socket_peercred(&stream).map_err(|e| io_err(e.into()))?.pid.as_raw_nonzero().get();
-    let mut line = serde_json::to_vec(request).map_err(|e| io_err(io::Error::other(e)))?;
-    line.push(b'\n');
-    let mut sent = 0;
-    while sent < line.len() {
-        // The fd travels with the first byte; the rest (if the kernel took only part) follows.
-        let n = stream
-            .async_io(Interest::WRITABLE, || {
-                let fds = [log.as_fd()];
-                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-                let mut anc = SendAncillaryBuffer::new(&mut space);
-                if sent == 0 {
-                    anc.push(SendAncillaryMessage::ScmRights(&fds));
-                }
-                rustix::net::sendmsg(&stream, &[IoSlice::new(&line[sent..])], &mut anc, SendFlags::NOSIGNAL).map_err(io::Error::from)
-            })
-            .await
-            .map_err(io_err)?;
-        sent += n;
+/// A connection to a VMI's launcher, before the request: the launcher's PID is known (for
+/// opening the boot claims inside its pod) and the request not sent yet.
+#[derive(Debug)]
+pub struct Connection {
+    socket: PathBuf,
+    stream: UnixStream,
+    launcher_pid: i32,
+}
+
+impl Connection {
+    /// Connects to the launcher at `socket`.
+    ///
+    /// # Errors
+    /// `Io` (no launcher listening: the caller waits and retries).
+    pub async fn open(socket: &Path) -> Result<Connection, LauncherError> {
+        let io_err = |source| LauncherError::Io { path: socket.to_owned(), source };
+        let stream = connect(socket).await.map_err(io_err)?;
+        let launcher_pid = rustix::net::sockopt::socket_peercred(&stream).map_err(|e| io_err(e.into()))?.pid.as_raw_nonzero().get();
+        Ok(Connection { socket: socket.to_owned(), stream, launcher_pid })
     }
-    let mut answer = String::new();
-    let mut reader = BufReader::new(stream);
-    match tokio::time::timeout(ANSWER_DEADLINE, reader.read_line(&mut answer)).await {
-        Err(_) => return Err(LauncherError::Timeout { path: socket.to_owned() }),
-        Ok(r) => r.map_err(io_err)?,
-    };
-    let pid_in_pod = parse_answer(socket, &answer)?;
-    Ok(Started { launcher_pid, pid_in_pod })
+
+    /// The launcher's PID as this process sees it (the socket's peer, `SO_PEERCRED`): its
+    /// `/proc/PID/root` is the pod's file system.
+    #[must_use]
+    pub fn launcher_pid(&self) -> i32 {
+        self.launcher_pid
+    }
+
+    /// Sends `request` with `log` (QEMU's stdout and stderr) and `inherited` (the boot claims'
+    /// fds, the request's `-add-fd fd=3+i` in order) and waits for the answer.
+    ///
+    /// # Errors
+    /// `BadRequest` for more than [`MAX_INHERITED`] fds, `Io`, `Timeout`, `Refused` with the
+    /// launcher's reason.
+    pub async fn hand_over(self, request: &Request, log: &std::fs::File, inherited: &[OwnedFd]) -> Result<Started, LauncherError> {
+        let Connection { socket, stream, launcher_pid } = self;
+        if inherited.len() > MAX_INHERITED {
+            return Err(LauncherError::BadRequest(format!("{} boot disk fds; a launcher takes at most {MAX_INHERITED}", inherited.len())));
+        }
+        let io_err = |source| LauncherError::Io { path: socket.clone(), source };
+        let mut line = serde_json::to_vec(request).map_err(|e| io_err(io::Error::other(e)))?;
+        line.push(b'\n');
+        let fds: Vec<_> = std::iter::once(log.as_fd()).chain(inherited.iter().map(AsFd::as_fd)).collect();
+        let mut sent = 0;
+        while sent < line.len() {
+            // The fds travel with the first byte; the rest (if the kernel took only part) follows.
+            let n = stream
+                .async_io(Interest::WRITABLE, || {
+                    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1 + MAX_INHERITED))];
+                    let mut anc = SendAncillaryBuffer::new(&mut space);
+                    if sent == 0 && !anc.push(SendAncillaryMessage::ScmRights(&fds)) {
+                        return Err(io::Error::other("the fds do not fit the control message"));
+                    }
+                    rustix::net::sendmsg(&stream, &[IoSlice::new(&line[sent..])], &mut anc, SendFlags::NOSIGNAL).map_err(io::Error::from)
+                })
+                .await
+                .map_err(io_err)?;
+            sent += n;
+        }
+        let mut answer = String::new();
+        let mut reader = BufReader::new(stream);
+        match tokio::time::timeout(ANSWER_DEADLINE, reader.read_line(&mut answer)).await {
+            Err(_) => return Err(LauncherError::Timeout { path: socket }),
+            Ok(r) => r.map_err(io_err)?,
+        };
+        let pid_in_pod = parse_answer(&socket, &answer)?;
+        Ok(Started { launcher_pid, pid_in_pod })
+    }
 }
 
 /// Connects to `socket`; a socket that exists but refuses (bound, not yet listening: the
@@ -181,15 +223,25 @@ fn parse_answer(socket: &Path, answer: &str) -> Result<i32, LauncherError> {
     Err(LauncherError::Refused { path: socket.to_owned(), message })
 }
 
-/// Reads one request and its fd from a connection (the fd comes with the first bytes).
-async fn read_request(stream: &UnixStream) -> Result<(Request, OwnedFd), LauncherError> {
+/// A request as read: the arguments, QEMU's log, and the boot claims' fds in `-add-fd` order.
+#[derive(Debug)]
+struct Received {
+    request: Request,
+    log: OwnedFd,
+    inherited: Vec<OwnedFd>,
+}
+
+/// Reads one request and its fds from a connection (the fds come with the first bytes), and
+/// checks that the fds are the log's plus exactly one per `-add-fd` of the arguments, which
+/// number them 3, 4, … in order (where [`spawn_qemu`] puts them).
+async fn read_request(stream: &UnixStream) -> Result<Received, LauncherError> {
     let mut buf = vec![0u8; 64 << 10];
     let mut data = Vec::new();
-    let mut fd: Option<OwnedFd> = None;
+    let mut fds: Vec<OwnedFd> = Vec::new();
     loop {
-        let (n, got) = stream
+        let (n, got, truncated) = stream
             .async_io(Interest::READABLE, || {
-                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1 + MAX_INHERITED))];
                 let mut anc = RecvAncillaryBuffer::new(&mut space);
                 let r = rustix::net::recvmsg(stream, &mut [IoSliceMut::new(&mut buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
                 let mut got = Vec::new();
@@ -198,15 +250,17 @@ async fn read_request(stream: &UnixStream) -> Result<(Request, OwnedFd), Launche
                         got.extend(fds);
                     }
                 }
-                Ok((r.bytes, got))
+                Ok((r.bytes, got, r.flags.contains(rustix::net::ReturnFlags::CTRUNC)))
             })
             .await
             .map_err(|e| LauncherError::BadRequest(format!("cannot read the request: {e}")))?;
-        for f in got {
-            if fd.replace(f).is_some() {
-                return Err(LauncherError::BadRequest("more than one fd sent: only QEMU's log is expected".to_owned()));
-            }
+        if truncated {
+            return Err(LauncherError::BadRequest(format!("more fds than QEMU's log and {MAX_INHERITED} boot disks were sent")));
         }
+        if !got.is_empty() && !fds.is_empty() {
+            return Err(LauncherError::BadRequest("fds came in two messages: all belong with the request's first bytes".to_owned()));
+        }
+        fds.extend(got);
         if n == 0 {
             return Err(LauncherError::BadRequest("the connection closed before a whole request".to_owned()));
         }
@@ -215,10 +269,22 @@ async fn read_request(stream: &UnixStream) -> Result<(Request, OwnedFd), Launche
             return Err(LauncherError::BadRequest(format!("request over {MAX_REQUEST} bytes")));
         }
         if let Some(end) = data.iter().position(|b| *b == b'\n') {
-            let req: Request =
+            let request: Request =
                 serde_json::from_slice(&data[..end]).map_err(|e| LauncherError::BadRequest(format!("not a launch request: {e}")))?;
-            let fd = fd.ok_or_else(|| LauncherError::BadRequest("no fd for QEMU's log came with the request".to_owned()))?;
-            return Ok((req, fd));
+            let mut fds = fds.into_iter();
+            let log = fds.next().ok_or_else(|| LauncherError::BadRequest("no fd for QEMU's log came with the request".to_owned()))?;
+            let inherited: Vec<OwnedFd> = fds.collect();
+            let numbers = crate::cmdline::add_fd_numbers(&request.args);
+            let want: Vec<u32> = (crate::cmdline::FIRST_INHERITED_FD..).take(numbers.len()).collect();
+            if numbers != want || inherited.len() != numbers.len() {
+                return Err(LauncherError::BadRequest(format!(
+                    "{} boot disk fds came with the request, and its -add-fd name fds {numbers:?}: expected one fd per -add-fd, \
+                     numbered from {} in order",
+                    inherited.len(),
+                    crate::cmdline::FIRST_INHERITED_FD
+                )));
+            }
+            return Ok(Received { request, log, inherited });
         }
     }
 }
@@ -253,11 +319,25 @@ fn refuse_own_monitor(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Spawns QEMU as a child of this process, its stdout and stderr on `log`, with the launcher's
-/// monitor added to the agent's arguments.
-fn spawn_qemu(req: &Request, log: OwnedFd, run_dir: &Path) -> Result<tokio::process::Child, String> {
+/// Spawns QEMU as a child of this process, its stdout and stderr on `log`, the boot claims'
+/// fds (`inherited`, checked by [`read_request`]) at 3, 4, …, with the launcher's monitor
+/// added to the agent's arguments.
+fn spawn_qemu(received: Received, run_dir: &Path) -> Result<tokio::process::Child, String> {
+    let Received { request: req, log, inherited } = received;
     crate::cmdline::audit(&req.args).map_err(|e| format!("refusing to start QEMU: {e}"))?;
     refuse_own_monitor(&req.args).map_err(|e| format!("refusing to start QEMU: {e}"))?;
+    // Each fd moved above the range it goes to (CLOEXEC: these copies end at exec), so the
+    // child's dup2 to 3+i never overwrites a source it has yet to place.
+    // `read_request` took at most MAX_INHERITED fds: the numbers fit an i32.
+    let first = i32::try_from(crate::cmdline::FIRST_INHERITED_FD).map_err(|e| e.to_string())?;
+    let above = i32::try_from(inherited.len()).map_err(|e| e.to_string())? + first;
+    let high: Vec<OwnedFd> = inherited
+        .iter()
+        .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, above))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cannot duplicate a boot disk fd: {e}"))?;
+    drop(inherited);
+    let places: Vec<(i32, i32)> = high.iter().map(std::os::fd::AsRawFd::as_raw_fd).zip(first..).collect();
     let log = std::fs::File::from(log);
     let stdout = log.try_clone().map_err(|e| format!("cannot duplicate the log fd: {e}"))?;
     let binary = crate::process::qemu_binary();
@@ -265,9 +345,15 @@ fn spawn_qemu(req: &Request, log: OwnedFd, run_dir: &Path) -> Result<tokio::proc
     cmd.args(&req.args).args(monitor_args(run_dir)).current_dir("/").stdin(std::process::Stdio::null()).stdout(stdout).stderr(log);
     let parent = rustix::process::getpid();
     // SAFETY: the closure runs in the forked child between fork and exec, where only
-    // async-signal-safe work is allowed: two raw system calls (prctl, getppid), no allocation.
-    // The death signal is tied to the thread that forked; the launcher runs a current-thread
-    // runtime, so that thread is its main thread, which lives as long as the launcher.
+    // async-signal-safe work is allowed: raw system calls (prctl, getppid, dup2), no
+    // allocation (`places` was built before the fork and is only read). The death signal is
+    // tied to the thread that forked; the launcher runs a current-thread runtime, so that
+    // thread is its main thread, which lives as long as the launcher. `dup2` takes plain fd
+    // numbers: each source is open in the child (a copy of the parent's table, `high` alive
+    // until after the spawn) and above every target, so no source is overwritten before it is
+    // placed; the target (3+i) comes without CLOEXEC, which is how QEMU inherits it. Any fd the
+    // child had at a target was CLOEXEC (every fd of the launcher is), so nothing QEMU should
+    // keep is replaced.
     #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
@@ -276,10 +362,18 @@ fn spawn_qemu(req: &Request, log: OwnedFd, run_dir: &Path) -> Result<tokio::proc
             if rustix::process::getppid() != Some(parent) {
                 return Err(io::Error::other("the launcher is gone"));
             }
+            for &(from, to) in &places {
+                if libc::dup2(from, to) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
-    cmd.kill_on_drop(false).spawn().map_err(|e| format!("cannot start {}: {e}", binary.display()))
+    let child = cmd.kill_on_drop(false).spawn().map_err(|e| format!("cannot start {}: {e}", binary.display()));
+    // QEMU has its copies (or failed to start): the launcher keeps none.
+    drop(high);
+    child
 }
 
 async fn answer(stream: &mut UnixStream, v: &Value) {
@@ -380,7 +474,7 @@ pub async fn serve(run_dir: &Path, grace: Duration) -> Result<Ended, LauncherErr
                 }
                 let reply = match read_request(&stream).await {
                     Err(e) => json!({"error": e.to_string()}),
-                    Ok((req, log)) => match spawn_qemu(&req, log, run_dir) {
+                    Ok(received) => match spawn_qemu(received, run_dir) {
                         Ok(c) => {
                             let pid = c.id().unwrap_or_default();
                             tracing::info!("QEMU started as PID {pid}");
@@ -449,15 +543,17 @@ mod tests {
         let log = std::fs::File::create(t.path().join("qemu.log")).unwrap();
         let server = async {
             let (mut s, _) = listener.accept().await.unwrap();
-            let (req, fd) = read_request(&s).await.unwrap();
+            let got = read_request(&s).await.unwrap();
             // The fd is the same file (same inode) as the agent's.
-            let (a, b) = (rustix::fs::fstat(&fd).unwrap(), rustix::fs::fstat(&log).unwrap());
+            let (a, b) = (rustix::fs::fstat(&got.log).unwrap(), rustix::fs::fstat(&log).unwrap());
             assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino));
+            assert!(got.inherited.is_empty());
             answer(&mut s, &json!({"pid": 4242})).await;
-            req
+            got.request
         };
         let request = Request { args: vec!["-name".into(), "guest=x".into()] };
-        let (got, pid) = tokio::join!(server, hand_over(&sock, &request, &log));
+        let agent = async { Connection::open(&sock).await.unwrap().hand_over(&request, &log, &[]).await };
+        let (got, pid) = tokio::join!(server, agent);
         // The launcher's PID is the socket's peer, as this process sees it (here: itself).
         let me = rustix::process::getpid().as_raw_nonzero().get();
         assert_eq!((got, pid.unwrap()), (request, Started { launcher_pid: me, pid_in_pod: 4242 }));
@@ -465,6 +561,49 @@ mod tests {
         assert!(
             matches!(parse_answer(&sock, r#"{"error": "QEMU already runs as PID 7"}"#), Err(LauncherError::Refused { message, .. }) if message.contains("PID 7"))
         );
+    }
+
+    /// Boot disks (issue 19): their fds follow the log's in the same message, in `-add-fd`
+    /// order; a request whose fds and `-add-fd`s do not match one to one (numbered from 3 in
+    /// order) is refused, naming both counts.
+    #[tokio::test(flavor = "current_thread")]
+    async fn boot_disk_fds_come_with_the_request_one_per_add_fd() {
+        let t = tempfile::tempdir().unwrap();
+        let sock = t.path().join(SOCKET);
+        let listener = UnixListener::bind(&sock).unwrap();
+        let log = std::fs::File::create(t.path().join("qemu.log")).unwrap();
+        let disks: Vec<OwnedFd> = ["a.img", "b.img"].iter().map(|n| std::fs::File::create(t.path().join(n)).unwrap().into()).collect();
+        let add_fd = |fd: u32, set: u32| ["-add-fd".to_owned(), format!("fd={fd},set={set},opaque=virtplug-boot:v{set}")];
+        let two: Vec<String> = add_fd(3, 0).into_iter().chain(add_fd(4, 1)).collect();
+        for (args, sent, ok) in [
+            (two.clone(), 2, true),
+            (two.clone(), 1, false),
+            (add_fd(3, 0).to_vec(), 2, false),
+            (add_fd(4, 0).to_vec(), 1, false),
+            (Vec::new(), 1, false),
+        ] {
+            let server = async {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let got = read_request(&s).await;
+                answer(&mut s, &json!({"pid": 1})).await;
+                got
+            };
+            let request = Request { args: args.clone() };
+            let agent = async { Connection::open(&sock).await.unwrap().hand_over(&request, &log, &disks[..sent]).await };
+            let (got, _) = tokio::join!(server, agent);
+            match got {
+                Ok(r) if ok => {
+                    let same = |a: &OwnedFd, b: &OwnedFd| {
+                        let (x, y) = (rustix::fs::fstat(a).unwrap(), rustix::fs::fstat(b).unwrap());
+                        (x.st_dev, x.st_ino) == (y.st_dev, y.st_ino)
+                    };
+                    assert_eq!(r.inherited.len(), 2);
+                    assert!(same(&r.inherited[0], &disks[0]) && same(&r.inherited[1], &disks[1]), "in order");
+                }
+                Err(LauncherError::BadRequest(m)) if !ok => assert!(m.contains("expected one fd per -add-fd"), "{args:?} with {sent}: {m}"),
+                other => panic!("{args:?} with {sent} fds: {other:?}"),
+            }
+        }
     }
 
     /// The launcher's own monitor passes the audit QEMU's other arguments pass, and the agent's

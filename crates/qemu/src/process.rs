@@ -85,21 +85,36 @@ pub async fn launch(spec: &LaunchSpec) -> Result<Process, ProcessError> {
 }
 
 /// Who starts the QEMU process.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Starter {
-    /// This process, in a session of its own ([`launch`]).
+    /// This process, in a session of its own ([`launch`]); every disk is a path.
     Own,
-    /// The VMI's launcher (its pod's main process) listening on this socket
-    /// ([`crate::launcher`]): QEMU is its child, in the pod's cgroup.
-    Launcher(PathBuf),
+    /// The VMI's launcher (its pod's main process), connected ([`crate::launcher`]): QEMU is its
+    /// child, in the pod's cgroup, and inherits `inherited` — the fd of the spec's
+    /// [`crate::cmdline::DiskSource::Inherited`]`(n)` is `inherited[n]` (opened by the caller
+    /// inside the pod, through the connection's
+    /// [`launcher_pid`](crate::launcher::Connection::launcher_pid)).
+    Launcher { connection: crate::launcher::Connection, inherited: Vec<std::os::fd::OwnedFd> },
 }
 
 /// [`launch`], with QEMU started by `starter`. Everything else — the run dir, the firmware's
 /// variable store, the arguments and their audit, the wait for QMP — is the same either way.
 ///
 /// # Errors
-/// As [`launch`]; with a launcher, `Failed` also when the launcher cannot be reached or refuses.
+/// As [`launch`]; `Failed` also when the spec's inherited fds are not exactly the starter's
+/// (none for [`Starter::Own`]), and with a launcher when it cannot be reached or refuses.
 pub async fn launch_with(spec: &LaunchSpec, starter: Starter) -> Result<Process, ProcessError> {
+    let given = match &starter {
+        Starter::Own => 0,
+        Starter::Launcher { inherited, .. } => inherited.len(),
+    };
+    let wanted = spec.inherited_fds();
+    if !wanted.iter().copied().eq(0..u32::try_from(given).unwrap_or(u32::MAX)) {
+        return Err(ProcessError::Failed {
+            name: spec.name.clone(),
+            stderr: format!("the command line's disks inherit fds {wanted:?}, but {given} fds are given (only a launcher hands QEMU fds)"),
+        });
+    }
     let log = prepare(spec).await?;
     let firmware = spec.firmware.clone();
     tokio::task::spawn_blocking(move || firmware.prepare_vars())
@@ -110,8 +125,8 @@ pub async fn launch_with(spec: &LaunchSpec, starter: Starter) -> Result<Process,
     let args = spec.args();
     crate::cmdline::audit(&args)
         .map_err(|e| ProcessError::Failed { name: spec.name.clone(), stderr: format!("refusing to start QEMU: {e}") })?;
-    if let Starter::Launcher(socket) = &starter {
-        return hand_over(spec, socket, args, &log, &log_path).await;
+    if let Starter::Launcher { connection, inherited } = starter {
+        return hand_over(spec, connection, &inherited, args, &log, &log_path).await;
     }
     let binary = qemu_binary();
     let mut cmd = tokio::process::Command::new(&binary);
@@ -167,13 +182,15 @@ pub async fn launch_with(spec: &LaunchSpec, starter: Starter) -> Result<Process,
 /// dies with it (`PDEATHSIG`).
 async fn hand_over(
     spec: &LaunchSpec,
-    socket: &Path,
+    connection: crate::launcher::Connection,
+    inherited: &[std::os::fd::OwnedFd],
     args: Vec<String>,
     log: &std::fs::File,
     log_path: &Path,
 ) -> Result<Process, ProcessError> {
     let failed = |why: String| ProcessError::Failed { name: spec.name.clone(), stderr: why };
-    let started = crate::launcher::hand_over(socket, &crate::launcher::Request { args }, log)
+    let started = connection
+        .hand_over(&crate::launcher::Request { args }, log, inherited)
         .await
         .map_err(|e| failed(format!("the launcher did not start QEMU: {e}")))?;
     tracing::debug!(launcher = started.launcher_pid, qemu_in_pod = started.pid_in_pod, "the launcher started QEMU");

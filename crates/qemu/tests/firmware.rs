@@ -63,14 +63,14 @@ fn spec(dir: &Path, fw: Fw) -> LaunchSpec {
 }
 
 fn cd(medium: &str, bootindex: u32) -> CdromDrive {
-    CdromDrive { id: "cd0".into(), bootindex: Some(bootindex), medium: Some(guest_dir().join(medium)) }
+    CdromDrive { id: "cd0".into(), bootindex: Some(bootindex), medium: Some(guest_dir().join(medium).into()) }
 }
 
 /// `boot-disk.img`, copied (a disk is writable; the cached image stays pristine).
 fn disk(dir: &Path, bootindex: u32) -> BootDisk {
     let path = dir.join("boot-disk.img");
     std::fs::copy(guest_dir().join("boot-disk.img"), &path).unwrap();
-    BootDisk { id: "disk0".into(), path, readonly: false, sata: false, bootindex: Some(bootindex), serial: None }
+    BootDisk { id: "disk0".into(), source: path.into(), readonly: false, sata: false, bootindex: Some(bootindex), serial: None }
 }
 
 /// A running QEMU; killed by PID on drop.

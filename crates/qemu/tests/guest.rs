@@ -375,7 +375,7 @@ async fn the_guest_iso_boots_from_the_sata_cdrom() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = launch_spec(dir.path());
     spec.kernel = None;
-    spec.cdrom_drives = vec![CdromDrive { id: "cd0".into(), bootindex: Some(1), medium: Some(guest_dir().join("guest.iso")) }];
+    spec.cdrom_drives = vec![CdromDrive { id: "cd0".into(), bootindex: Some(1), medium: Some(guest_dir().join("guest.iso").into()) }];
     let mut vm = TestVm::start(&spec, dir).await;
     let line = vm.see("the boot medium", |l| l.starts_with("MEDIA sr0 in ")).await;
     assert!(line.contains(&"0".repeat(32)), "an ISO 9660 medium starts with a zeroed system area: {line}");

@@ -12,15 +12,15 @@
 //! 3. Exits 0 on SIGTERM or SIGINT.
 //!
 //! # Guarantees
-//! An existing `disk.img` is never touched (`O_EXCL` create). A created one is fsynced with its
-//! directory before the socket is listened on, so the agent never opens a half-made image.
+//! An existing `disk.img` is never touched, a created one is synced before the socket is
+//! listened on ([`crate::disk_flag`]).
 //!
 //! # Errors
 //! A `--disk` that cannot be created, or a socket that cannot be bound: exit 1 (the pod fails
 //! and the controller's status shows it; the agent keeps waiting for the volume).
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -33,32 +33,8 @@ pub struct HolderArgs {
     #[arg(long)]
     socket: PathBuf,
     /// `PATH=BYTES`: create the Filesystem claim's image PATH, sparse, BYTES long, if missing.
-    #[arg(long = "disk", value_parser = parse_disk)]
-    disks: Vec<(PathBuf, u64)>,
-}
-
-fn parse_disk(s: &str) -> Result<(PathBuf, u64), String> {
-    let (path, bytes) = s.rsplit_once('=').ok_or_else(|| format!("{s:?}: expected PATH=BYTES"))?;
-    let bytes = bytes.parse().map_err(|e| format!("{s:?}: size {bytes:?}: {e}"))?;
-    Ok((PathBuf::from(path), bytes))
-}
-
-/// Creates `path` sparse with `bytes` unless it exists; returns whether it created it.
-///
-/// # Errors
-/// When the file cannot be created, sized or synced (the message names the path).
-pub fn ensure_image(path: &Path, bytes: u64) -> anyhow::Result<bool> {
-    let file = match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
-        Err(e) => return Err(e).with_context(|| format!("cannot create {}", path.display())),
-    };
-    file.set_len(bytes).with_context(|| format!("cannot size {} to {bytes} bytes", path.display()))?;
-    file.sync_all().with_context(|| format!("cannot sync {}", path.display()))?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("cannot sync {}", dir.display()))?;
-    }
-    Ok(true)
+    #[arg(long = "disk", value_parser = crate::disk_flag::parse)]
+    disks: Vec<crate::disk_flag::Disk>,
 }
 
 /// Runs the holder (see the module docs).
@@ -73,11 +49,7 @@ pub fn main(args: &HolderArgs) -> ExitCode {
 }
 
 fn run(args: &HolderArgs) -> anyhow::Result<()> {
-    for (path, bytes) in &args.disks {
-        if ensure_image(path, *bytes)? {
-            println!("created {} ({bytes} bytes, sparse)", path.display());
-        }
-    }
+    crate::disk_flag::ensure_all(&args.disks)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(async {
         // A stale socket of an earlier holder in the same emptyDir (a restarted container).
@@ -96,31 +68,4 @@ fn run(args: &HolderArgs) -> anyhow::Result<()> {
             }
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_empty_claim_gets_a_sparse_image_and_an_existing_one_is_left_alone() {
-        let dir = std::env::temp_dir().join(format!("holder-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let img = dir.join("disk.img");
-        let _ = std::fs::remove_file(&img);
-        assert!(ensure_image(&img, 64 << 20).unwrap());
-        let md = std::fs::metadata(&img).unwrap();
-        assert_eq!(md.len(), 64 << 20);
-        assert!(std::os::unix::fs::MetadataExt::blocks(&md) < 64, "sparse: no data blocks written");
-        std::fs::write(&img, b"data").unwrap();
-        assert!(!ensure_image(&img, 64 << 20).unwrap(), "an existing image is never recreated");
-        assert_eq!(std::fs::read(&img).unwrap(), b"data");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn disk_arguments_are_path_equals_bytes() {
-        assert_eq!(parse_disk("/a=b/disk.img=10").unwrap(), (PathBuf::from("/a=b/disk.img"), 10));
-        assert!(parse_disk("/x/disk.img").is_err());
-    }
 }

@@ -3,6 +3,7 @@
 
 mod attachment_holder;
 mod cli;
+mod disk_flag;
 mod endpoints;
 mod growth_flags;
 mod import_flags;

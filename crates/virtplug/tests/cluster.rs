@@ -181,9 +181,11 @@ impl Cluster {
             _n1: agent("n1"),
             n2: agent("n2"),
             _scheduler: standins::scheduler(self.client.clone()),
+            // The launcher pods' image holds the test guest's kernel (a boot-claim VM's pod is
+            // isolated: it sees only its image and volumes).
             _kubelets: [
-                standins::kubelet(self.client.clone(), "n1", &self.dir.path().join("n1")),
-                standins::kubelet(self.client.clone(), "n2", &self.dir.path().join("n2")),
+                standins::kubelet_with_image(self.client.clone(), "n1", &self.dir.path().join("n1"), &[common::guest::guest_dir()]),
+                standins::kubelet_with_image(self.client.clone(), "n2", &self.dir.path().join("n2"), &[common::guest::guest_dir()]),
             ],
         }
     }
@@ -816,6 +818,15 @@ async fn hot_plugged_claims_reach_the_guest_through_attachment_pods() {
         async move { attachment_pods(&pods, &uid).await.is_empty().then_some(()) }
     })
     .await;
+    // The stand-in kubelet checks a deleted pod's claims once its processes are gone.
+    for p in [&first, &second] {
+        let stopped = standins::stopped_marker(&c.dir.path().join("n2"), &p.uid().unwrap());
+        common::wait_until(T, "the kubelet to stop each attachment pod and check its claims", || {
+            let done = stopped.exists();
+            async move { done.then_some(()) }
+        })
+        .await;
+    }
     common::wait_until(T, "the last pod's going to detach the Block claim's loop device", || {
         let gone = loop_devices_of(&backing).is_empty();
         async move { gone.then_some(()) }
@@ -958,4 +969,157 @@ async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod
     }
     let made: std::collections::BTreeSet<String> = versions.iter().map(|p| p.uid().unwrap()).collect();
     assert_eq!(made.len(), 1, "the claim's binding did not replace the attachment pod: {made:?}");
+}
+
+/// The StorageClass `standin-local` of the stand-in CSI (`WaitForFirstConsumer`), and claim
+/// `name` of it (Filesystem, `size`), unbound.
+async fn wffc_claim(c: &Cluster, name: &str, size: &str) {
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(c.client.clone());
+    let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "standin-local"},
+        "provisioner": standins::CSI_PROVISIONER, "volumeBindingMode": "WaitForFirstConsumer"});
+    classes.create(&PostParams::default(), &serde_json::from_value(class).unwrap()).await.unwrap();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem", "storageClassName": "standin-local",
+                 "resources": {"requests": {"storage": size}}}});
+    pvcs.create(&PostParams::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+}
+
+/// Boot volumes as launcher-pod volumes (issue 19): a VM whose boot disk is an empty claim of
+/// the stand-in CSI's `WaitForFirstConsumer` class. The controller creates the VMI although the
+/// claim is unbound (its launcher pod is the consumer) and gives the pod the claim as a volume;
+/// the claim stays `Pending` without a selected node until that pod exists (a watch records
+/// every version), then binds on the pod's node (n2, by the VM's selector; the PV's affinity
+/// and the data say so). The stand-in kubelet runs the pod isolated (its own mount namespace
+/// and root: the claim mounted at `/run/kubevirt-private/vmi-disks/boot`, the run dir at its
+/// path); the launcher made the empty claim's `disk.img` sparse, the claim's size; the agent
+/// opened it inside the pod and the fd reached QEMU through the launcher: QEMU's command line
+/// names no path of the claim (`/dev/fdset/0` with a `virtplug-boot:` set), one of QEMU's fds
+/// is the claim's file, and the guest sees the disk (64 MiB, empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_claim_waiting_for_its_consumer_binds_with_the_launcher_pod_and_reaches_qemu_as_an_fd() {
+    if !common::guest::is_root() {
+        eprintln!("skipped: the stand-in kubelet's mount namespaces need root");
+        return;
+    }
+    let c = Cluster::start().await;
+    let _pods = c.pods_mode(false).await;
+    let _csi = standins::csi(c.client.clone(), c.dir.path());
+    wffc_claim(&c, "bootclaim", "64Mi").await;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
+    let (_claim_watch, claim_versions) = record(pvcs.clone(), kube::runtime::watcher::Config::default().fields("metadata.name=bootclaim"));
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let (_pod_watch, pod_versions) = record(pods.clone(), kube::runtime::watcher::Config::default().labels("kubevirt.io=virt-launcher"));
+
+    let mut vm = serde_json::to_value(guest_vm("bv", Some("n2"))).unwrap();
+    vm["spec"]["template"]["spec"]["domain"]["devices"] = json!({"disks": [{"name": "boot", "disk": {"bus": "virtio"}}]});
+    vm["spec"]["template"]["spec"]["volumes"] = json!([{"name": "boot", "persistentVolumeClaim": {"claimName": "bootclaim"}}]);
+    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
+    vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+
+    let vmi = c.running("bv", BOOT).await;
+    let uid = vmi.uid().unwrap();
+    let pod = launcher_pod(&c, &uid, "the VMI's launcher pod").await;
+    assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some("n2"));
+    let run_dir = c.dir.path().join("n2/node/vmis").join(&uid);
+    let log = run_dir.join("serial.log");
+    common::wait_until(BOOT, "the guest to boot (VP-READY on its console)", || {
+        let ready = common::guest::console_lines(&log).iter().any(|l| l.starts_with("VP-READY"));
+        async move { ready.then_some(()) }
+    })
+    .await;
+    // The guest sees the boot claim: its one disk, on virtio-blk (the test guest names SCSI
+    // disks by serial only), 64 MiB (512-byte sectors), zeros (an empty claim).
+    // The guest may print VP-READY before its first disk report.
+    let disks = common::wait_until(T, "the guest to report its disk (BLOCK+ on its console)", || {
+        let disks: Vec<String> = common::guest::console_lines(&log).into_iter().filter(|l| l.starts_with("BLOCK+ ")).collect();
+        async move { (!disks.is_empty()).then_some(disks) }
+    })
+    .await;
+    assert_eq!(disks.len(), 1, "one disk, the boot claim: {disks:?}");
+    let w: Vec<&str> = disks[0].split_whitespace().collect();
+    assert!(w[1].starts_with("vd"), "a virtio-blk disk: {w:?}");
+    assert_eq!((w[2], w[3]), ("131072", "00000000000000000000000000000000"), "64 MiB in sectors, empty: {w:?}");
+
+    // Bound on the launcher pod's node, by the stand-ins, once the pod existed.
+    let bound = pvcs.get("bootclaim").await.unwrap();
+    assert_eq!(bound.annotations().get(controller::storage::class::ANN_SELECTED_NODE).map(String::as_str), Some("n2"));
+    let pv_name = bound.spec.as_ref().unwrap().volume_name.clone().expect("bound to a PV");
+    let pv = Api::<PersistentVolume>::all(c.client.clone()).get(&pv_name).await.unwrap();
+    let affinity = serde_json::to_value(&pv.spec.as_ref().unwrap().node_affinity).unwrap();
+    assert_eq!(
+        affinity["required"]["nodeSelectorTerms"],
+        json!([{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n2"]}]}])
+    );
+    let claim_bound = common::wait_until(T, "the claim watch to deliver the Bound version", || {
+        let found = claim_versions.lock().unwrap().iter().find(|p| api::phases::ClaimPhase::is_bound(p)).map(revision);
+        async move { found }
+    })
+    .await;
+    let pod_created = common::wait_until(T, "the launcher pod watch to deliver the pod", || {
+        let found = pod_versions.lock().unwrap().iter().find(|p| p.uid() == pod.uid()).map(revision);
+        async move { found }
+    })
+    .await;
+    assert!(pod_created < claim_bound, "the launcher pod (revision {pod_created}) existed before the claim was Bound ({claim_bound})");
+    // The watch delivers in revision order and has delivered the Bound version: it holds every
+    // version before the pod's creation, each unbound and without a node.
+    let before: Vec<PersistentVolumeClaim> =
+        claim_versions.lock().unwrap().iter().filter(|p| revision(*p) < pod_created).cloned().collect();
+    assert!(!before.is_empty(), "the watch saw the claim before the launcher pod");
+    for p in &before {
+        assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"), "no consumer, no binding: {p:?}");
+        assert!(!p.annotations().contains_key(controller::storage::class::ANN_SELECTED_NODE), "no consumer, no node: {p:?}");
+    }
+
+    // The launcher made the empty claim's image: sparse, the claim's size, in n2's volume.
+    let img = c.dir.path().join("n2").join(standins::CSI_DIR.trim_start_matches('/')).join(&pv_name).join("disk.img");
+    let md = std::fs::metadata(&img).unwrap_or_else(|e| panic!("{}: {e}", img.display()));
+    assert_eq!(md.len(), 64 << 20, "the claim's size");
+    assert!(
+        std::os::unix::fs::MetadataExt::blocks(&md) < 2048,
+        "sparse ({} blocks of 512 bytes allocated)",
+        std::os::unix::fs::MetadataExt::blocks(&md)
+    );
+
+    // The fd reached QEMU from inside the pod: no path to the claim on its command line, and
+    // one of its fds is the claim's file (by device and inode: QEMU is in another mount
+    // namespace, its fd paths are the pod's).
+    let qemu = qemu_pid(&run_dir);
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{}/cmdline", qemu.as_raw_nonzero())).unwrap()).replace('\0', " ");
+    for path in ["disk.img", "vmi-disks", pv_name.as_str(), "standin-csi"] {
+        assert!(!cmdline.contains(path), "QEMU's command line names {path}: {cmdline}");
+    }
+    assert!(cmdline.contains("-add-fd fd=3,set=0,opaque=virtplug-boot:boot") && cmdline.contains("/dev/fdset/0"), "{cmdline}");
+    let (dev, ino) = (std::os::unix::fs::MetadataExt::dev(&md), std::os::unix::fs::MetadataExt::ino(&md));
+    let holds = std::fs::read_dir(format!("/proc/{}/fd", qemu.as_raw_nonzero()))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::metadata(fd.path()).ok())
+        .any(|m| (std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m)) == (dev, ino));
+    assert!(holds, "QEMU holds the claim's disk.img open");
+    let (_, parent) = parent_of(qemu);
+    assert!(parent.contains(" launcher --uid ") && parent.contains(&uid), "QEMU's parent is the launcher: {parent}");
+
+    // Stopping the VM: QEMU stops before the VMI goes, and the pod's deletion finds no process
+    // left holding the claim.
+    vms.patch("bv", &PatchParams::default(), &Patch::Merge(json!({"spec": {"runStrategy": "Halted"}}))).await.unwrap();
+    common::wait_until(T, "the VMI to be gone", || async {
+        let vmis: Api<VirtualMachineInstance> = Api::namespaced(c.client.clone(), "default");
+        vmis.get_opt("bv").await.ok().flatten().is_none().then_some(())
+    })
+    .await;
+    assert!(!alive(qemu), "QEMU stopped before the VMI's finalizer went");
+    common::wait_until(T, "the launcher pod to be garbage-collected", || async {
+        pods.get_opt(&pod.name_any()).await.ok().flatten().is_none().then_some(())
+    })
+    .await;
+    let stopped = standins::stopped_marker(&c.dir.path().join("n2"), &pod.uid().unwrap());
+    common::wait_until(T, "the kubelet to stop the launcher pod and check its claim", || {
+        let done = stopped.exists();
+        async move { done.then_some(()) }
+    })
+    .await;
+    let detached = std::fs::read_to_string(c.dir.path().join("n2/detached-in-use")).unwrap_or_default();
+    assert!(detached.is_empty(), "the launcher pod was deleted while a process held its claim:\n{detached}");
 }

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use qemu::accel::Resolved;
-use qemu::cmdline::{KernelBoot, LaunchSpec};
+use qemu::cmdline::{BootDisk, DiskSource, KernelBoot, LaunchSpec};
 use qemu::process::{Process, Starter};
 
 /// Boot to the guest's first line, on a loaded 2-core machine under TCG.
@@ -66,14 +66,20 @@ impl Pod {
 
     /// The agent's launch through this pod's launcher, once it listens.
     async fn launch(&self, kernel_args: Option<&str>) -> Process {
+        self.launch_spec(&spec(&self.run_dir(), kernel_args), Vec::new()).await
+    }
+
+    /// The agent's launch of `spec` through this pod's launcher, once it listens, with
+    /// `inherited` (the boot disks' fds) for QEMU.
+    async fn launch_spec(&self, spec: &LaunchSpec, inherited: Vec<std::os::fd::OwnedFd>) -> Process {
         let sock = self.run_dir().join(qemu::launcher::SOCKET);
         common::wait_until(T, "the launcher to listen", || {
             let there = sock.exists();
             async move { there.then_some(()) }
         })
         .await;
-        let spec = spec(&self.run_dir(), kernel_args);
-        qemu::process::launch_with(&spec, Starter::Launcher(sock)).await.unwrap()
+        let connection = qemu::launcher::Connection::open(&sock).await.unwrap();
+        qemu::process::launch_with(spec, Starter::Launcher { connection, inherited }).await.unwrap()
     }
 
     /// Waits until the pod's process has exited; its exit code.
@@ -223,4 +229,83 @@ async fn the_agent_adopts_and_kills_qemu_in_a_pid_namespace() {
     adopted.kill().await;
     assert!(!launched.alive(), "QEMU is gone");
     assert_eq!(pod.exit_code(T, "the launcher to exit with QEMU").await, 137, "{}", pod.log());
+}
+
+/// Boot disks as fds (issue 19): the agent's fds of two images (one read-write, one read-only
+/// with a read-only fd) go to the launcher with the request; QEMU inherits them at 3 and 4, in
+/// fd sets 0 and 1 (`virtplug-boot:` opaque) that an agent's stale-set cleanup leaves alone; no
+/// image path is on QEMU's command line, and the guest reads each disk's first bytes.
+#[tokio::test(flavor = "current_thread")]
+async fn boot_disks_reach_qemu_as_fds_the_launcher_hands_it() {
+    if !common::guest::is_root() {
+        eprintln!("skipped: a PID namespace needs root");
+        return;
+    }
+    let pod = Pod::start(1);
+    let images = tempfile::tempdir().unwrap();
+    let image = |name: &str, head: &[u8; 16], mib: u64| {
+        let path = images.path().join(name);
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(mib << 20).unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, head, 0).unwrap();
+        path
+    };
+    let (a, b) = (image("a.img", b"VP-BOOT-DISK-A-1", 4), image("b.img", b"VP-BOOT-DISK-B-2", 2));
+    let rw: std::os::fd::OwnedFd = std::fs::OpenOptions::new().read(true).write(true).open(&a).unwrap().into();
+    let ro: std::os::fd::OwnedFd = std::fs::File::open(&b).unwrap().into();
+    let mut spec = spec(&pod.run_dir(), Some(""));
+    let disk = |id: &str, n: u32, readonly: bool| BootDisk {
+        id: id.into(),
+        source: DiskSource::Inherited(n),
+        readonly,
+        sata: false,
+        bootindex: None,
+        serial: None,
+    };
+    spec.boot_disks = vec![disk("a", 0, false), disk("b", 1, true)];
+    let p = pod.launch_spec(&spec, vec![rw, ro]).await;
+    let run = pod.run_dir();
+
+    let args = cmdline(p.pid);
+    assert!(!args.contains(&images.path().display().to_string()), "no image path on QEMU's command line: {args}");
+    assert!(
+        args.contains("-add-fd fd=3,set=0,opaque=virtplug-boot:a") && args.contains("-add-fd fd=4,set=1,opaque=virtplug-boot:b"),
+        "{args}"
+    );
+    let inode = |path: &Path| {
+        let m = std::fs::metadata(path).unwrap();
+        (std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m))
+    };
+    let held: Vec<(u64, u64)> = std::fs::read_dir(format!("/proc/{}/fd", p.pid)).unwrap().flatten().map(|fd| inode(&fd.path())).collect();
+    assert!(held.contains(&inode(&a)) && held.contains(&inode(&b)), "QEMU holds both images");
+
+    let log = run.join("serial.log");
+    let disks = common::wait_until(BOOT, "the guest to report both disks (BLOCK+ on its console)", || {
+        let disks: Vec<String> = common::guest::console_lines(&log).into_iter().filter(|l| l.starts_with("BLOCK+ ")).collect();
+        async move { (disks.len() >= 2).then_some(disks) }
+    })
+    .await;
+    let hex = |h: &[u8]| h.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    for (sectors, head) in [("8192", hex(b"VP-BOOT-DISK-A-1")), ("4096", hex(b"VP-BOOT-DISK-B-2"))] {
+        assert!(
+            disks.iter().any(|l| l.split_whitespace().nth(2) == Some(sectors) && l.split_whitespace().nth(3) == Some(head.as_str())),
+            "a {sectors}-sector disk starting {head}: {disks:?}"
+        );
+    }
+
+    // QEMU's fd sets: the two boot sets; an agent's cleanup after a takeover removes neither.
+    let machine = qemu::Machine::new(qemu::qmp::Qmp::connect_within(&run.join("qmp.sock"), T).await.unwrap());
+    assert!(machine.remove_stale_fdsets().await.unwrap().is_empty(), "boot sets are not stale hot-plug sets");
+    let sets = machine.execute("query-fdsets", serde_json::json!({})).await.unwrap();
+    let mut opaques: Vec<(i64, String)> = sets
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| {
+            let id = s["fdset-id"].as_i64().unwrap();
+            s["fds"].as_array().cloned().unwrap_or_default().into_iter().filter_map(move |f| Some((id, f["opaque"].as_str()?.to_owned())))
+        })
+        .collect();
+    opaques.sort();
+    assert_eq!(opaques, [(0, "virtplug-boot:a".to_owned()), (1, "virtplug-boot:b".to_owned())], "set n holds inherited fd n: {sets}");
 }

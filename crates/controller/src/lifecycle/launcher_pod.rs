@@ -427,7 +427,7 @@ mod tests {
         }
     }
 
-    fn claim(name: &str, mode: &str, status: serde_json::Value) -> PersistentVolumeClaim {
+    fn claim(name: &str, mode: &str, status: &serde_json::Value) -> PersistentVolumeClaim {
         serde_json::from_value(json!({"metadata": {"name": name, "uid": format!("uid-{name}")},
             "spec": {"volumeMode": mode, "resources": {"requests": {"storage": "16Mi"}}}, "status": status}))
         .unwrap()
@@ -456,11 +456,11 @@ mod tests {
         .unwrap();
         let bound = |bytes: &str| json!({"phase": "Bound", "capacity": {"storage": bytes}});
         let claims = Claims(vec![
-            claim("c-root", "Filesystem", bound("32Mi")),
-            claim("c-raw", "Block", bound("8Mi")),
-            claim("dv1", "Filesystem", bound("1Gi")),
-            claim("c-late", "Filesystem", json!({"phase": "Pending"})),
-            claim("c-hot", "Filesystem", bound("1Mi")),
+            claim("c-root", "Filesystem", &bound("32Mi")),
+            claim("c-raw", "Block", &bound("8Mi")),
+            claim("dv1", "Filesystem", &bound("1Gi")),
+            claim("c-late", "Filesystem", &json!({"phase": "Pending"})),
+            claim("c-hot", "Filesystem", &bound("1Mi")),
         ]);
         let pod = serde_json::to_value(pod_for(&vmi, &cfg(), &claims).unwrap()).unwrap();
         let run = "/var/lib/virtplug/node/vmis/u1";

@@ -137,19 +137,29 @@ fn empty_disk(path: &Path, mib: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// The host paths of the volumes present from boot (not hot-pluggable): claims, empty disks,
-/// and the cloud-init seed image, written here from `seed`.
+/// Where a volume present from boot is, before QEMU starts.
+enum BootSource {
+    /// A host path QEMU opens: empty disks and the cloud-init seed (in the run dir, which a
+    /// launcher pod has at the same path), claims when the agent starts QEMU itself.
+    Path(PathBuf),
+    /// With launcher pods, a claim: mounted only in the launcher pod, opened there by the agent
+    /// and inherited by QEMU as an fd ([`launcher_starter`]).
+    InPod(Claim),
+}
+
+/// The volumes present from boot (not hot-pluggable): claims, empty disks, and the cloud-init
+/// seed image, written here from `seed`.
 async fn boot_sources(
     shared: &Shared,
     vmi: &VirtualMachineInstance,
     run_dir: &Path,
     seed: Option<crate::cloudinit::Seed>,
-) -> Result<HashMap<String, PathBuf>, String> {
+) -> Result<HashMap<String, BootSource>, String> {
     let mut out = HashMap::new();
     if let Some(seed) = seed {
         let (volume, dir) = (seed.volume.clone(), run_dir.to_owned());
         let path = blocking(move || crate::cloudinit::write(&seed, &dir).map_err(|e| client::error_chain(&e))).await?;
-        out.insert(volume, path);
+        out.insert(volume, BootSource::Path(path));
     }
     let ns = vmi.namespace().unwrap_or_default();
     for v in vmi.spec.volumes.iter().filter(|v| !v.is_hotpluggable()) {
@@ -159,10 +169,14 @@ async fn boot_sources(
             let path = run_dir.join(format!("empty-{}.img", v.name));
             let p = path.clone();
             blocking(move || empty_disk(&p, mib)).await?;
-            out.insert(v.name.clone(), path);
+            out.insert(v.name.clone(), BootSource::Path(path));
         } else if let Some(claim) = Claim::of(v) {
+            if shared.config.launcher_pods {
+                out.insert(v.name.clone(), BootSource::InPod(claim));
+                continue;
+            }
             let path = crate::claims::claim_path(shared, &ns, &claim).await.map_err(|e| e.to_string())?;
-            out.insert(v.name.clone(), path);
+            out.insert(v.name.clone(), BootSource::Path(path));
         }
     }
     Ok(out)
@@ -221,6 +235,55 @@ pub(super) async fn starter_ready(shared: &Shared, run_dir: &Path) -> bool {
     tokio::task::spawn_blocking(move || socket.exists()).await.unwrap_or(false)
 }
 
+/// Whether QEMU opens volume `volume` read-only: as its disk says, and always for the medium of
+/// a `sata` CD-ROM drive (the command line's rule, [`qemu::cmdline::from_vmi`]). An fd handed
+/// to QEMU must have the mode QEMU opens the drive with.
+fn opened_readonly(vmi: &VirtualMachineInstance, volume: &str) -> bool {
+    vmi.spec
+        .domain
+        .devices
+        .disks
+        .iter()
+        .find(|d| d.name == volume)
+        .is_some_and(|d| d.readonly() || (d.kind() == api::kubevirt::DiskKind::Cdrom && d.bus().unwrap_or("sata") == "sata"))
+}
+
+/// Launcher pods: connects to the VMI's launcher and opens each boot claim of `sources` that a
+/// disk uses inside its pod (by the launcher's PID, the socket's peer), in volume-name order;
+/// the starter that hands those fds to QEMU, and the fd index of each volume
+/// ([`qemu::cmdline::DiskSource::Inherited`]). A claim no disk uses is not opened: QEMU would
+/// get an fd its command line never names.
+async fn launcher_starter(
+    shared: &Shared,
+    vmi: &VirtualMachineInstance,
+    run_dir: &Path,
+    sources: &HashMap<String, BootSource>,
+) -> Result<(qemu::process::Starter, HashMap<String, u32>), String> {
+    let socket = run_dir.join(qemu::launcher::SOCKET);
+    let connection = qemu::launcher::Connection::open(&socket).await.map_err(|e| client::error_chain(&e))?;
+    let pid = connection.launcher_pid();
+    let ns = vmi.namespace().unwrap_or_default();
+    let mut claims: Vec<(&String, &Claim)> = sources
+        .iter()
+        .filter_map(|(v, s)| match s {
+            BootSource::InPod(c) => Some((v, c)),
+            BootSource::Path(_) => None,
+        })
+        .filter(|(v, _)| vmi.spec.domain.devices.disks.iter().any(|d| d.name == **v))
+        .collect();
+    claims.sort_by_key(|(v, _)| *v);
+    let (mut inherited, mut index) = (Vec::new(), HashMap::new());
+    for (volume, claim) in claims {
+        let opened = crate::claims::open_in_launcher(shared, &ns, volume, claim, pid, opened_readonly(vmi, volume))
+            .await
+            .map_err(|e| format!("boot volume {volume} (claim {}) in the launcher pod: {e}", claim.name))?;
+        tracing::debug!(volume, path = %opened.path.display(), "opened the boot claim in the launcher pod");
+        index.insert(volume.clone(), u32::try_from(inherited.len()).map_err(|e| e.to_string())?);
+        inherited.push(opened.fd);
+    }
+    Ok((qemu::process::Starter::Launcher { connection, inherited }, index))
+}
+
 /// Starts QEMU for the VMI (with its cloud-init `seed`, resolved by the caller) and connects to
 /// it.
 pub(super) async fn launch(
@@ -231,20 +294,23 @@ pub(super) async fn launch(
 ) -> Result<Live, String> {
     let record = prepare(shared, vmi, run_dir).await?;
     let sources = boot_sources(shared, vmi, run_dir, seed).await?;
+    let (starter, fd_index) = if shared.config.launcher_pods {
+        launcher_starter(shared, vmi, run_dir, &sources).await?
+    } else {
+        (qemu::process::Starter::Own, HashMap::new())
+    };
     let name = format!("{}_{}", record.namespace, record.name);
+    let source = |v: &api::kubevirt::Volume| match sources.get(&v.name)? {
+        BootSource::Path(p) => Some(qemu::cmdline::DiskSource::Path(p.clone())),
+        BootSource::InPod(_) => fd_index.get(&v.name).map(|n| qemu::cmdline::DiskSource::Inherited(*n)),
+    };
     let mut spec =
-        qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, &shared.config.boot_files, |v| sources.get(&v.name).cloned())
-            .map_err(|e| e.to_string())?;
+        qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, &shared.config.boot_files, source).map_err(|e| e.to_string())?;
     spec.nics = qemu::nic::from_vmi(&vmi.spec, &record.namespace, &record.name, !shared.config.guest_egress).map_err(|e| e.to_string())?;
     spec.own_mount_namespace = record.cgroup.is_some();
     spec.sandbox = shared.config.qemu_sandbox;
     spec.run_as.clone_from(&shared.config.qemu_user);
     spec.start_paused = media_at_boot(vmi);
-    let starter = if shared.config.launcher_pods {
-        qemu::process::Starter::Launcher(run_dir.join(qemu::launcher::SOCKET))
-    } else {
-        qemu::process::Starter::Own
-    };
     let process = qemu::process::launch_with(&spec, starter).await.map_err(|e| client::error_chain(&e))?;
     if let Some(cgroup) = record.cgroup {
         let (host, pid) = (Arc::clone(&shared.host), process.pid);

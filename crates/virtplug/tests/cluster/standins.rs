@@ -281,19 +281,32 @@ impl Drop for LoopDevice {
 /// launcher pod) runs in a PID namespace of its own, as a container runtime runs a pod
 /// (`unshare --pid --fork --mount-proc --kill-child`): its processes' PIDs there (QEMU's
 /// pidfile) are not their PIDs on the node. A pod with claim or emptyDir volumes
-/// (an attachment pod) runs in a mount namespace and root of its own instead ([`start_isolated`]):
-/// a tmpfs with the host's `/usr`, the claims' directories bind-mounted at their mount paths,
-/// each Block claim's loop device ([`LoopDevice`]) at its `devicePath`, and each emptyDir at its
+/// (an attachment pod, or a launcher pod with boot claims) runs in a mount namespace and root of
+/// its own instead ([`start_isolated`]): a tmpfs with the host's `/usr` and `image` dirs (the
+/// image's content: QEMU's firmware is under `/usr`, the test guest's kernel in its own dir), a
+/// container's `/dev` (null, zero, full, random, urandom, tty) and `/proc`, the claims'
+/// directories bind-mounted at their mount paths (a `/run/...` path lands on the pod's tmpfs),
+/// each Block claim's loop device ([`LoopDevice`]) at its `devicePath`, each emptyDir at its
 /// mount path, backed by
-/// `ROOT/var/lib/kubelet/pods/UID/volumes/kubernetes.io~empty-dir/NAME` (the kubelet's layout).
-/// When such a pod is deleted while a process still holds a file of a claim (or the device of
-/// a Block claim) no other pod on the node uses, a line goes to `ROOT/detached-in-use`: on real
-/// storage the claim would be detached under that process (a guest I/O error); tests assert the
-/// file stays absent.
+/// `ROOT/var/lib/kubelet/pods/UID/volumes/kubernetes.io~empty-dir/NAME` (the kubelet's layout),
+/// and each hostPath `P` (`ROOT/P`) at `ROOT/P`, the path its rewritten arguments name.
+/// When such a pod is deleted, once its processes are gone (SIGTERM, its grace, SIGKILL; then
+/// the descendants it had, such as a launcher's QEMU, waited for), a process that still holds
+/// a file of a claim (or the device of a Block claim) no other pod on the node uses gets a line
+/// in `ROOT/detached-in-use`: on real storage the claim would be detached under that process
+/// (a guest I/O error); tests wait for the pod's [`stopped_marker`] and assert the file stays
+/// absent. Then a device no pod uses any more is detached.
 /// A claim is found as the module docs say ([`claim_dir`]); a pod whose claim's PV has node
 /// affinity that excludes this node fails, with the kubelet's words for it.
+#[allow(dead_code)] // tests/cluster.rs gives every kubelet the guest's image
 pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
-    let (node, root) = (node.to_owned(), root.to_owned());
+    kubelet_with_image(client, node, root, &[])
+}
+
+/// [`kubelet`], whose isolated pods also see the host directories `image` at their paths.
+#[allow(dead_code)] // tests/rbac.rs runs no guest
+pub fn kubelet_with_image(client: kube::Client, node: &str, root: &Path, image: &[PathBuf]) -> Task {
+    let (node, root, image) = (node.to_owned(), root.to_owned(), image.to_vec());
     Task(tokio::spawn(async move {
         let (pods, writer) = reflector::store::<Pod>();
         let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
@@ -313,7 +326,7 @@ pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
                 }
                 if !running.contains_key(&uid) && !finished && !marked {
                     let staged: Vec<Arc<LoopDevice>> = running.values().flat_map(|r| r.devices.iter().cloned()).collect();
-                    match start(&client, pod, &root, &node, &staged).await {
+                    match start(&client, pod, &root, &node, &image, &staged).await {
                         Ok(r) => {
                             running.insert(uid, r);
                         }
@@ -332,26 +345,36 @@ pub fn kubelet(client: kube::Client, node: &str, root: &Path) -> Task {
                 .collect();
             for (uid, marked) in ending {
                 let r = running.remove(&uid).unwrap();
-                // A claim no other pod here still mounts is detached from the node: a
-                // process (QEMU) holding a file of it would lose its I/O on real storage.
-                let mut detached: Vec<(String, PathBuf)> = Vec::new();
-                for dir in r.claims.iter().filter(|d| !running.values().any(|o| o.claims.contains(d))) {
-                    detached.extend(holders_of(&files_under(dir)).into_iter().map(|h| (h, dir.clone())));
-                }
-                // A device no other pod here uses goes with this pod (dropped after the kill).
-                for d in r.devices.iter().filter(|d| !running.values().any(|o| o.devices.iter().any(|x| Arc::ptr_eq(x, d)))) {
-                    detached.extend(holders_of(&files_of(&d.dev)).into_iter().map(|h| (h, d.backing.clone())));
-                }
-                for (holder, claim) in detached {
-                    let line = format!("pod {uid} deleted while {holder} holds a file of claim {}\n", claim.display());
-                    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(root.join("detached-in-use")).unwrap();
-                    std::io::Write::write_all(&mut f, line.as_bytes()).unwrap();
-                }
+                // A claim (or Block device) no other pod here still uses is detached from the
+                // node once the pod's processes are gone (a launcher pod's QEMU may use its boot
+                // claim until then): a process still holding it would lose its I/O on real storage.
+                let mut r = r;
+                let detached: Vec<PathBuf> = r.claims.iter().filter(|d| !running.values().any(|o| o.claims.contains(d))).cloned().collect();
+                let devices: Vec<Arc<LoopDevice>> = std::mem::take(&mut r.devices)
+                    .into_iter()
+                    .filter(|d| !running.values().any(|o| o.devices.iter().any(|x| Arc::ptr_eq(x, d))))
+                    .collect();
+                let (report, stopped) = (root.join("detached-in-use"), stopped_marker(&root, &uid));
                 let client = client.clone();
                 stopping.insert(
-                    uid,
+                    uid.clone(),
                     tokio::spawn(async move {
                         kill(r).await;
+                        let mut held: Vec<(String, PathBuf)> = Vec::new();
+                        for dir in &detached {
+                            held.extend(holders_of(&files_under(dir)).into_iter().map(|h| (h, dir.clone())));
+                        }
+                        for d in &devices {
+                            held.extend(holders_of(&files_of(&d.dev)).into_iter().map(|h| (h, d.backing.clone())));
+                        }
+                        for (holder, claim) in held {
+                            let line = format!("pod {uid} deleted while {holder} holds a file of claim {}\n", claim.display());
+                            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&report).unwrap();
+                            std::io::Write::write_all(&mut f, line.as_bytes()).unwrap();
+                        }
+                        drop(devices);
+                        // The pod is fully stopped and checked: a test may read `detached-in-use`.
+                        std::fs::write(&stopped, b"").unwrap();
                         if let Some(pod) = marked {
                             remove(client, pod).await;
                         }
@@ -375,11 +398,25 @@ async fn remove(client: kube::Client, pod: Pod) {
     }
 }
 
+/// The file [`kubelet`] (on node root `root`) creates once deleted pod `uid` is stopped and its
+/// claims are checked for a process holding them (`ROOT/pods/UID.stopped`).
+#[allow(dead_code)] // tests/rbac.rs does not wait for it
+pub fn stopped_marker(root: &Path, uid: &str) -> PathBuf {
+    root.join("pods").join(format!("{uid}.stopped"))
+}
+
+/// How long the descendants of a killed pod's main process (QEMU, killed by its launcher's
+/// death signal) may take to exit after it.
+const DESCENDANTS_DEADLINE: Duration = Duration::from_secs(10);
+
 /// SIGTERM to the pod's main process, the grace, SIGKILL (by PID, the process the kubelet
-/// started: with `--kill-child`, its SIGKILL takes the pod's main process along).
+/// started: with `--kill-child`, its SIGKILL takes the pod's main process along); then waits
+/// (with [`DESCENDANTS_DEADLINE`]) for the descendants it had at the SIGTERM, as a container
+/// runtime ends a container's cgroup.
 async fn kill(r: Running) {
     let Some(pid) = rustix::process::Pid::from_raw(r.pid).filter(|_| !r.waiter.is_finished()) else { return };
     let main = if r.forked { child_of(r.pid).and_then(rustix::process::Pid::from_raw) } else { Some(pid) };
+    let descendants = descendants_of(r.pid);
     if let Some(main) = main {
         let _ = rustix::process::kill_process(main, rustix::process::Signal::TERM);
     }
@@ -388,6 +425,51 @@ async fn kill(r: Running) {
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         let _ = waiter.await;
     }
+    let gone = || descendants.iter().all(|(p, start)| start_time(*p).as_ref() != Some(start));
+    let deadline = tokio::time::Instant::now() + DESCENDANTS_DEADLINE;
+    let mut poll = tokio::time::interval(Duration::from_millis(20));
+    while !gone() {
+        if tokio::time::Instant::now() > deadline {
+            eprintln!("stand-in kubelet: pod process {} left descendants running after {DESCENDANTS_DEADLINE:?}", r.pid);
+            return;
+        }
+        poll.tick().await;
+    }
+}
+
+/// The start time field of process `pid` (from `/proc/PID/stat`), which tells a process from a
+/// later one that reuses its PID; `None` once it is gone (or a zombie, whose files are closed).
+fn start_time(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+    // After `pid (comm)`: state is field 3, starttime field 22.
+    (fields.first() != Some(&"Z")).then(|| fields.get(19).map(|s| (*s).to_owned())).flatten()
+}
+
+/// Every descendant of `pid` (PID and start time), from `/proc/*/stat`.
+fn descendants_of(pid: i32) -> Vec<(i32, String)> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|p| {
+            let child: i32 = p.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(p.path().join("stat")).ok()?;
+            let ppid: i32 = stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()?;
+            Some((child, ppid))
+        })
+        .collect();
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for (child, _) in parents.iter().filter(|(_, pp)| *pp == p) {
+            frontier.push(*child);
+            if let Some(t) = start_time(*child) {
+                out.push((*child, t));
+            }
+        }
+    }
+    out
 }
 
 /// The (first) child of process `pid`, from `/proc/*/stat`.
@@ -414,7 +496,14 @@ fn host_path(pod: &Pod, root: &Path, arg: &str) -> Option<PathBuf> {
 }
 
 /// Starts `pod` (see [`kubelet`]); `staged` are the loop devices other pods here use already.
-async fn start(client: &kube::Client, pod: &Pod, root: &Path, node: &str, staged: &[Arc<LoopDevice>]) -> Result<Running, String> {
+async fn start(
+    client: &kube::Client,
+    pod: &Pod,
+    root: &Path,
+    node: &str,
+    image: &[PathBuf],
+    staged: &[Arc<LoopDevice>],
+) -> Result<Running, String> {
     let spec = pod.spec.clone().unwrap_or_default();
     for v in spec.volumes.iter().flatten() {
         if let Some(hp) = &v.host_path {
@@ -454,7 +543,7 @@ async fn start(client: &kube::Client, pod: &Pod, root: &Path, node: &str, staged
             nodes.push((device.dev.clone(), d.device_path.clone()));
             devices.push(device);
         }
-        start_isolated(pod, root, &argv, &dirs, &nodes)?
+        start_isolated(pod, root, &argv, &dirs, &nodes, image)?
     } else {
         let mut cmd = tokio::process::Command::new("unshare");
         cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).args(&argv);
@@ -526,13 +615,15 @@ async fn claim_dir(client: &kube::Client, pod: &Pod, root: &Path, node: &str, na
 /// The command running `argv` in a mount namespace and root of its own (see [`kubelet`]), and
 /// the claim directories it mounts (`claims`: each claim volume's directory on this node;
 /// `devices`: each Block claim's device node and its `devicePath` in the pod, bound there).
-/// `unshare` execs (no fork), so the PID is the pod's process.
+/// `unshare` execs (no fork), so the PID is the pod's process. The mounts live in the pod's
+/// mount namespace only (private propagation): they go with its last process.
 fn start_isolated(
     pod: &Pod,
     root: &Path,
     argv: &[String],
     claims: &HashMap<String, PathBuf>,
     devices: &[(PathBuf, String)],
+    image: &[PathBuf],
 ) -> Result<(tokio::process::Command, Vec<PathBuf>), String> {
     let spec = pod.spec.clone().unwrap_or_default();
     let c = spec.containers.first().ok_or("no container")?;
@@ -552,13 +643,21 @@ fn start_isolated(
             dir
         } else if v.empty_dir.is_some() {
             root.join("var/lib/kubelet/pods").join(&uid).join("volumes/kubernetes.io~empty-dir").join(&v.name)
+        } else if let Some(hp) = &v.host_path {
+            // At its node path, which the arguments under its mount were rewritten to.
+            let host = PathBuf::from(format!("{}{}", root.display(), hp.path));
+            binds.push((host.clone(), host.display().to_string()));
+            continue;
         } else {
-            return Err(format!("volume {}: only claims and emptyDirs in an isolated pod", v.name));
+            return Err(format!("volume {}: only claims, emptyDirs and hostPaths in an isolated pod", v.name));
         };
         std::fs::create_dir_all(&host).map_err(|e| format!("{}: {e}", host.display()))?;
         binds.push((host, m.mount_path.clone()));
     }
     binds.extend(devices.iter().cloned());
+    for dir in image {
+        binds.push((dir.clone(), dir.display().to_string()));
+    }
     let script = r#"set -e
 R="$1"; BIN="$2"; shift 2
 mount -t tmpfs pod-root "$R"
@@ -566,6 +665,10 @@ mkdir -p "$R/usr"
 mount --rbind /usr "$R/usr"
 for d in bin lib lib64 sbin; do ln -s "usr/$d" "$R/$d"; done
 touch "$R/virtplug"; mount --bind "$BIN" "$R/virtplug"
+mkdir -p "$R/dev" "$R/proc"
+mount -t tmpfs -o mode=755 pod-dev "$R/dev"
+for d in null zero full random urandom tty; do touch "$R/dev/$d"; mount --bind "/dev/$d" "$R/dev/$d"; done
+mount -t proc proc "$R/proc"
 while [ "$1" != "--" ]; do
   if [ -b "$1" ]; then mkdir -p "$(dirname "$R$2")"; touch "$R$2"; else mkdir -p "$R$2"; fi
   mount --bind "$1" "$R$2"; shift 2
