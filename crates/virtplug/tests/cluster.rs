@@ -1123,3 +1123,116 @@ async fn a_boot_claim_waiting_for_its_consumer_binds_with_the_launcher_pod_and_r
     let detached = std::fs::read_to_string(c.dir.path().join("n2/detached-in-use")).unwrap_or_default();
     assert!(detached.is_empty(), "the launcher pod was deleted while a process held its claim:\n{detached}");
 }
+
+/// DataVolumes that wait for their first consumer (issue 19, KubeVirt's ephemeral
+/// provisioning): a VM booting from a DataVolume whose claim is of the stand-in CSI's
+/// `WaitForFirstConsumer` class, imported by the stand-in CDI once the claim binds. The VMI is
+/// created while the DataVolume is `WaitForFirstConsumer` and waits, `Pending` with a
+/// `Provisioning` condition naming it; a temporary pod (annotated
+/// `kubevirt.io/ephemeral-provisioning`, with the VMI's node selector) consumes the claim, so it
+/// binds on n2; only once the DataVolume has `Succeeded` is the temporary pod deleted and the
+/// launcher pod created (by the server's revisions), on the same node (the PV's affinity), and
+/// the guest boots with the imported bytes on its disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_volume_waiting_for_its_consumer_is_imported_before_its_launcher_pod_exists() {
+    if !common::guest::is_root() {
+        eprintln!("skipped: the stand-in kubelet's mount namespaces need root");
+        return;
+    }
+    let c = Cluster::start().await;
+    let _pods = c.pods_mode(false).await;
+    let _csi = standins::csi(c.client.clone(), c.dir.path());
+    let _cdi = standins::cdi(c.client.clone(), c.dir.path());
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(c.client.clone());
+    let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "standin-local"},
+        "provisioner": standins::CSI_PROVISIONER, "volumeBindingMode": "WaitForFirstConsumer"});
+    classes.create(&PostParams::default(), &serde_json::from_value(class).unwrap()).await.unwrap();
+    let dvs: Api<api::DataVolume> = Api::namespaced(c.client.clone(), "default");
+    let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "imported", "namespace": "default"},
+        "spec": {"source": {"blank": {}}, "storage": {"storageClassName": "standin-local", "volumeMode": "Filesystem",
+                 "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}}}});
+    let (_dv_watch, dv_versions) = record(dvs.clone(), kube::runtime::watcher::Config::default().fields("metadata.name=imported"));
+    dvs.create(&PostParams::default(), &serde_json::from_value(dv).unwrap()).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let (_pod_watch, pod_versions) = record(pods.clone(), kube::runtime::watcher::Config::default().labels("kubevirt.io=virt-launcher"));
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(c.client.clone(), "default");
+    let (_vmi_watch, vmi_versions) = record(vmis.clone(), kube::runtime::watcher::Config::default().fields("metadata.name=dv"));
+
+    let mut vm = serde_json::to_value(guest_vm("dv", Some("n2"))).unwrap();
+    vm["spec"]["template"]["spec"]["domain"]["devices"] = json!({"disks": [{"name": "boot", "disk": {"bus": "virtio"}}]});
+    vm["spec"]["template"]["spec"]["volumes"] = json!([{"name": "boot", "dataVolume": {"name": "imported"}}]);
+    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
+    vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+
+    let vmi = c.running("dv", BOOT).await;
+    let uid = vmi.uid().unwrap();
+    let log = c.dir.path().join("n2/node/vmis").join(&uid).join("serial.log");
+    let disk = common::wait_until(BOOT, "the guest to report its disk (BLOCK+ on its console)", || {
+        let line = common::guest::console_lines(&log).into_iter().find(|l| l.starts_with("BLOCK+ "));
+        async move { line }
+    })
+    .await;
+    let head: String = standins::CDI_IMPORTED.iter().map(|b| format!("{b:02x}")).collect();
+    let w: Vec<&str> = disk.split_whitespace().collect();
+    assert_eq!((w[2], w[3]), ("131072", head.as_str()), "64 MiB with the imported bytes: {disk}");
+
+    // The order, by the server's revisions: the temporary pod existed while the DataVolume
+    // waited for its consumer, the DataVolume Succeeded, and only then the launcher pod was made.
+    let succeeded = common::wait_until(T, "the DataVolume watch to deliver Succeeded", || {
+        let found = dv_versions
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|d| d.status.as_ref().and_then(|s| s.phase.clone()) == Some(api::phases::DataVolumePhase::Succeeded))
+            .map(revision);
+        async move { found }
+    })
+    .await;
+    let launcher = launcher_pod(&c, &uid, "the VMI's launcher pod").await;
+    let is_temporary = |p: &Pod| p.annotations().get("kubevirt.io/ephemeral-provisioning").map(String::as_str) == Some("true");
+    let launcher_made = common::wait_until(T, "the pod watch to deliver the launcher pod", || {
+        let found = pod_versions.lock().unwrap().iter().find(|p| p.uid() == launcher.uid()).map(revision);
+        async move { found }
+    })
+    .await;
+    assert!(!is_temporary(&launcher));
+    assert!(succeeded < launcher_made, "the launcher pod (revision {launcher_made}) came after the import ({succeeded})");
+    assert_eq!(launcher.spec.as_ref().unwrap().node_name.as_deref(), Some("n2"));
+    let versions = pod_versions.lock().unwrap().clone();
+    let temporary: Vec<&Pod> = versions.iter().filter(|p| is_temporary(p)).collect();
+    assert!(!temporary.is_empty(), "a temporary pod consumed the claim");
+    let temporary_uids: std::collections::BTreeSet<_> = temporary.iter().map(|p| p.uid()).collect();
+    assert_eq!(temporary_uids.len(), 1, "one temporary pod: {temporary_uids:?}");
+    assert!(temporary.iter().all(|p| revision(*p) < launcher_made || p.metadata.deletion_timestamp.is_some()));
+    assert!(
+        temporary.iter().any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("n2")),
+        "the temporary pod ran where the VMI may run"
+    );
+    assert_eq!(temporary[0].labels().get("kubevirt.io/created-by"), Some(&uid));
+    common::wait_until(T, "the temporary pod to be deleted", || {
+        let pods = pods.clone();
+        let uid = temporary[0].uid();
+        async move {
+            let left = pods.list(&ListParams::default().labels("kubevirt.io=virt-launcher")).await.ok()?;
+            (!left.items.iter().any(|p| p.uid() == uid)).then_some(())
+        }
+    })
+    .await;
+    let claim = Api::<PersistentVolumeClaim>::namespaced(c.client.clone(), "default").get("imported").await.unwrap();
+    assert_eq!(claim.annotations().get(controller::storage::class::ANN_SELECTED_NODE).map(String::as_str), Some("n2"));
+
+    // Meanwhile the VMI waited, saying for what.
+    let waited = vmi_versions.lock().unwrap().iter().any(|v| {
+        v.uid() == Some(uid.clone())
+            && v.status.as_ref().is_some_and(|s| {
+                s.node_name.is_none()
+                    && s.conditions.iter().any(|c| {
+                        c.type_ == "Provisioning"
+                            && c.status == "True"
+                            && c.message.as_deref().is_some_and(|m| m.contains("DataVolume imported is"))
+                    })
+            })
+    });
+    assert!(waited, "the VMI was Pending with a Provisioning condition naming the DataVolume");
+    assert!(vmi.status.as_ref().unwrap().conditions.iter().all(|c| c.type_ != "Provisioning"), "the condition went with the launcher pod");
+}

@@ -808,3 +808,126 @@ async fn provision(client: &kube::Client, claim: &PersistentVolumeClaim, node_ro
     claims.patch_status(&name, &PatchParams::default(), &Patch::Merge(status)).await.map_err(|e| format!("claim Bound: {e}"))?;
     Ok(())
 }
+
+/// What [`cdi`] writes at the start of the volume it "imports", standing in for an image's bytes.
+#[allow(dead_code)]
+pub const CDI_IMPORTED: &[u8; 16] = b"VP-CDI-IMPORTED!";
+
+/// STAND-IN for CDI's DataVolume controller and importer (virtplug's controller leaves
+/// DataVolumes to CDI in a cluster), for DataVolumes whose claim is of a class [`csi`] serves:
+/// it creates the DataVolume's claim (same name, owned by it, from `spec.storage` or
+/// `spec.pvc`); while the claim is unbound the DataVolume's phase is `WaitForFirstConsumer`
+/// (CDI's `honorWaitForFirstConsumer`); once the claim is bound it "imports" — writes
+/// [`CDI_IMPORTED`] at the start of `disk.img` in the claim's volume on the node its PV names
+/// (`nodes/N/<local.path>`) and sizes it to the claim's request, whatever the source says —
+/// and the phase goes `ImportInProgress`, then `Succeeded` at `100.0%`. Each step is idempotent
+/// and retried on the next DataVolume, claim or PV event.
+#[allow(dead_code)]
+pub fn cdi(client: kube::Client, nodes: &Path) -> Task {
+    let nodes = nodes.to_owned();
+    Task(tokio::spawn(async move {
+        let (dvs, dw) = reflector::store::<api::DataVolume>();
+        let (claims, cw) = reflector::store::<PersistentVolumeClaim>();
+        let (volumes, vw) = reflector::store::<PersistentVolume>();
+        let mut events = futures::stream::select(
+            futures::stream::select(
+                reflector::reflector(dw, watcher(Api::<api::DataVolume>::all(client.clone()), watcher::Config::default()))
+                    .default_backoff()
+                    .map(|_| ())
+                    .boxed(),
+                reflector::reflector(cw, watcher(Api::<PersistentVolumeClaim>::all(client.clone()), watcher::Config::default()))
+                    .default_backoff()
+                    .map(|_| ())
+                    .boxed(),
+            ),
+            reflector::reflector(vw, watcher(Api::<PersistentVolume>::all(client.clone()), watcher::Config::default()))
+                .default_backoff()
+                .map(|_| ())
+                .boxed(),
+        );
+        while events.next().await.is_some() {
+            for dv in dvs.state() {
+                let phase = dv.status.as_ref().and_then(|s| s.phase.clone());
+                if phase == Some(api::phases::DataVolumePhase::Succeeded) {
+                    continue;
+                }
+                let ns = dv.namespace().unwrap_or_default();
+                let claim = claims.get(&ObjectRef::new(&dv.name_any()).within(&ns));
+                let pv = claim.as_ref().and_then(|c| c.spec.as_ref()?.volume_name.clone()).and_then(|n| volumes.get(&ObjectRef::new(&n)));
+                if let Err(e) = cdi_step(&client, &dv, claim.as_deref(), pv.as_deref(), &nodes).await {
+                    eprintln!("stand-in CDI: DataVolume {ns}/{}: {e}", dv.name_any());
+                }
+            }
+        }
+    }))
+}
+
+/// [`cdi`]'s next step for `dv`, whose claim (if made) is `claim`, bound to `pv` (if bound).
+async fn cdi_step(
+    client: &kube::Client,
+    dv: &api::DataVolume,
+    claim: Option<&PersistentVolumeClaim>,
+    pv: Option<&PersistentVolume>,
+    nodes: &Path,
+) -> Result<(), String> {
+    let (ns, name) = (dv.namespace().unwrap_or_default(), dv.name_any());
+    let dvs: Api<api::DataVolume> = Api::namespaced(client.clone(), &ns);
+    let set_phase = |phase: &'static str, progress: &'static str| {
+        let dvs = dvs.clone();
+        let name = name.clone();
+        async move {
+            let status = json!({"status": {"phase": phase, "progress": progress}});
+            dvs.patch_status(&name, &PatchParams::default(), &Patch::Merge(status)).await.map_err(|e| format!("phase {phase}: {e}"))
+        }
+    };
+    let Some(claim) = claim else {
+        let spec = serde_json::to_value(&dv.spec).map_err(|e| e.to_string())?;
+        let mut claim_spec = spec.get("storage").or_else(|| spec.get("pvc")).cloned().ok_or("neither spec.storage nor spec.pvc")?;
+        claim_spec["accessModes"] = claim_spec.get("accessModes").cloned().unwrap_or_else(|| json!(["ReadWriteOnce"]));
+        let owner = json!([{"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "name": name, "uid": dv.uid(),
+                            "controller": true, "blockOwnerDeletion": true}]);
+        let pvc = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": ns, "ownerReferences": owner}, "spec": claim_spec});
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        return match claims.create(&PostParams::default(), &serde_json::from_value(pvc).map_err(|e| e.to_string())?).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(format!("create its claim: {e}")),
+        };
+    };
+    let Some(pv) = pv.filter(|_| api::phases::ClaimPhase::is_bound(claim)) else {
+        let phase = dv.status.as_ref().and_then(|s| s.phase.clone());
+        if phase.is_none() || phase == Some(api::phases::DataVolumePhase::Pending) {
+            set_phase("WaitForFirstConsumer", "N/A").await?;
+        }
+        return Ok(());
+    };
+    // The reflector's copy may be older than this task's own last write: the API decides.
+    let fresh = dvs.get(&name).await.map_err(|e| format!("read: {e}"))?;
+    if fresh.status.and_then(|s| s.phase) == Some(api::phases::DataVolumePhase::Succeeded) {
+        return Ok(());
+    }
+    set_phase("ImportInProgress", "0.00%").await?;
+    let spec = pv.spec.clone().unwrap_or_default();
+    let path = spec.local.map(|l| l.path).ok_or("its PV has no local.path")?;
+    let node = spec
+        .node_affinity
+        .and_then(|a| a.required)
+        .and_then(|r| r.node_selector_terms.into_iter().next())
+        .and_then(|t| t.match_expressions?.into_iter().next())
+        .and_then(|e| e.values?.into_iter().next())
+        .ok_or("its PV names no node")?;
+    let size = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref()?.requests.as_ref()?.get("storage").cloned())
+        .ok_or("its claim has no storage request")?;
+    let img = PathBuf::from(format!("{}{path}", nodes.join(&node).display())).join("disk.img");
+    let mut f =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&img).map_err(|e| format!("{}: {e}", img.display()))?;
+    std::io::Write::write_all(&mut f, CDI_IMPORTED).map_err(|e| format!("{}: {e}", img.display()))?;
+    f.set_len(api::quantity::bytes(&size.0)?).map_err(|e| format!("{}: {e}", img.display()))?;
+    f.sync_all().map_err(|e| format!("{}: {e}", img.display()))?;
+    set_phase("Succeeded", "100.0%").await?;
+    Ok(())
+}
