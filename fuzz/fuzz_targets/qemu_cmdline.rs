@@ -15,7 +15,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     // launcher instead (its disk name goes into the `-add-fd` opaque).
     let source = |v: &api::kubevirt::Volume| {
         Some(if v.name.len() % 2 == 1 {
-            qemu::cmdline::DiskSource::Inherited(u32::try_from(v.name.len()).unwrap_or(0))
+            qemu::cmdline::DiskSource::Inherited { index: u32::try_from(v.name.len()).unwrap_or(0), block: v.name.len() % 4 == 1 }
         } else {
             PathBuf::from(format!("/run/vp,{}/empty-{}.img", v.name, v.name)).into()
         })

@@ -73,8 +73,9 @@ pub enum DiskSource {
     /// claim is mounted only inside the pod, where the node agent opened it (the fd-handoff
     /// rule, as for hot-plug). It is fd [`FIRST_INHERITED_FD`]` + n` in QEMU, added to fd set
     /// `n` by `-add-fd` (opaque [`BOOT_FDSET_PREFIX`]`<disk>`); the drive opens `/dev/fdset/n`.
-    /// Its open mode is the disk's (a read-only disk needs a read-only fd).
-    Inherited(u32),
+    /// Its open mode is the disk's (a read-only disk needs a read-only fd); `block` when it is a
+    /// block device (a Block claim), which QEMU's `host_device` driver opens.
+    Inherited { index: u32, block: bool },
 }
 
 impl DiskSource {
@@ -82,13 +83,28 @@ impl DiskSource {
     fn filename(&self) -> String {
         match self {
             DiskSource::Path(p) => p.display().to_string(),
-            DiskSource::Inherited(n) => format!("/dev/fdset/{n}"),
+            DiskSource::Inherited { index, .. } => format!("/dev/fdset/{index}"),
+        }
+    }
+
+    /// QEMU's protocol driver for it: `host_device` for a block device (a Block claim: a loop
+    /// or CSI device; the `file` driver refuses one), `file` for an image. A path is looked at
+    /// here (QEMU opens it where this process runs: the agent's own QEMU, `up`).
+    fn driver(&self) -> &'static str {
+        let block = match self {
+            DiskSource::Path(p) => std::fs::metadata(p).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type())),
+            DiskSource::Inherited { block, .. } => *block,
+        };
+        if block {
+            "host_device"
+        } else {
+            "file"
         }
     }
 
     /// The `-add-fd` that puts inherited fd `n` in its set, for the drive `id`; nothing for a path.
     fn add_fd(&self, id: &str) -> Vec<String> {
-        let DiskSource::Inherited(n) = self else { return Vec::new() };
+        let DiskSource::Inherited { index: n, .. } = self else { return Vec::new() };
         let fd = (FIRST_INHERITED_FD + n).to_string();
         let opts = Opts::new().set("fd", &fd).set("set", &n.to_string()).set("opaque", &format!("{BOOT_FDSET_PREFIX}{id}"));
         vec!["-add-fd".to_owned(), opts.build()]
@@ -184,7 +200,7 @@ impl LaunchSpec {
         let mut n: Vec<u32> = cds
             .chain(self.boot_disks.iter().map(|d| &d.source))
             .filter_map(|s| match s {
-                DiskSource::Inherited(n) => Some(*n),
+                DiskSource::Inherited { index, .. } => Some(*index),
                 DiskSource::Path(_) => None,
             })
             .collect();
@@ -270,7 +286,7 @@ impl LaunchSpec {
             if let Some(m) = &cd.medium {
                 let node = format!("{}-medium", cd.id);
                 a.extend(m.add_fd(&cd.id));
-                let bd = json!({"driver": "raw", "node-name": node, "read-only": true, "file": {"driver": "file", "filename": m.filename(), "read-only": true}});
+                let bd = json!({"driver": "raw", "node-name": node, "read-only": true, "file": {"driver": m.driver(), "filename": m.filename(), "read-only": true}});
                 a.extend(["-blockdev".to_owned(), bd.to_string()]);
                 dev["drive"] = json!(node);
             }
@@ -282,7 +298,7 @@ impl LaunchSpec {
         for d in &self.boot_disks {
             let node = format!("{}-disk", d.id);
             a.extend(d.source.add_fd(&d.id));
-            let bd = json!({"driver": "raw", "node-name": node, "read-only": d.readonly, "file": {"driver": "file", "filename": d.source.filename(), "read-only": d.readonly}});
+            let bd = json!({"driver": "raw", "node-name": node, "read-only": d.readonly, "file": {"driver": d.source.driver(), "filename": d.source.filename(), "read-only": d.readonly}});
             a.extend(["-blockdev".to_owned(), bd.to_string()]);
             let mut dev = if d.sata {
                 let dev = json!({"driver": "ide-hd", "id": d.id, "bus": format!("ide.{port}"), "drive": node});
@@ -664,8 +680,8 @@ mod tests {
                         {"name": "data", "dataVolume": {"name": "dv"}},
                         {"name": "ci", "cloudInitNoCloud": {"userData": "#cloud-config"}}]}));
         let l = from_vmi(&s, "v", Path::new("/r"), Resolved::Tcg, &AllowedDirs::default(), |v| match v.name.as_str() {
-            "root" => Some(DiskSource::Inherited(0)),
-            "data" => Some(DiskSource::Inherited(1)),
+            "root" => Some(DiskSource::Inherited { index: 0, block: false }),
+            "data" => Some(DiskSource::Inherited { index: 1, block: true }),
             _ => Some(PathBuf::from("/r/ci.iso").into()),
         })
         .unwrap();
@@ -675,12 +691,23 @@ mod tests {
         let joined = args.join(" ");
         for want in [
             r#"-add-fd fd=3,set=0,opaque=virtplug-boot:root -blockdev {"driver":"raw","node-name":"root-disk","read-only":false,"file":{"driver":"file","filename":"/dev/fdset/0","read-only":false}}"#,
-            r#"-add-fd fd=4,set=1,opaque=virtplug-boot:data -blockdev {"driver":"raw","node-name":"data-disk","read-only":false,"file":{"driver":"file","filename":"/dev/fdset/1","read-only":false}}"#,
+            r#"-add-fd fd=4,set=1,opaque=virtplug-boot:data -blockdev {"driver":"raw","node-name":"data-disk","read-only":false,"file":{"driver":"host_device","filename":"/dev/fdset/1","read-only":false}}"#,
             r#""filename":"/r/ci.iso""#,
         ] {
             assert!(joined.contains(want), "missing {want:?} in {joined}");
         }
         assert_eq!(add_fd_numbers(&args), [3, 4]);
+        // A path that is a block device (a Block claim's loop device, `up`) is `host_device` too.
+        let dev = std::fs::read_dir("/sys/block")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| PathBuf::from("/dev").join(e.file_name()))
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type())));
+        if let Some(dev) = dev {
+            assert_eq!(DiskSource::Path(dev).driver(), "host_device");
+        }
+        assert_eq!(DiskSource::Path(PathBuf::from("/r/ci.iso")).driver(), "file");
         assert!(!BOOT_FDSET_PREFIX.starts_with("virtplug:"), "hot-plug's stale fd sets are `virtplug:`; boot sets must never match");
         for bad in [
             "fd=3,set=0,opaque=virtplug-boot:root,opaque=x",
@@ -797,7 +824,11 @@ mod tests {
                 id: disk.to_owned(),
                 // Both kinds of source, by the serial's length: an inherited fd's opaque names
                 // the disk, which must not add a key either.
-                source: if serial.len().is_multiple_of(2) { DiskSource::Inherited(0) } else { PathBuf::from(path).join("d.img").into() },
+                source: if serial.len().is_multiple_of(2) {
+                    DiskSource::Inherited { index: 0, block: false }
+                } else {
+                    PathBuf::from(path).join("d.img").into()
+                },
                 readonly: false,
                 sata: serial.len().is_multiple_of(2),
                 bootindex: Some(1),

@@ -1236,3 +1236,80 @@ async fn a_data_volume_waiting_for_its_consumer_is_imported_before_its_launcher_
     assert!(waited, "the VMI was Pending with a Provisioning condition naming the DataVolume");
     assert!(vmi.status.as_ref().unwrap().conditions.iter().all(|c| c.type_ != "Provisioning"), "the condition went with the launcher pod");
 }
+
+/// A Block boot claim (issue 19): a `volumeDevice` of the launcher pod at `/dev/<volume>`, where
+/// the stand-in kubelet binds the loop device it attached to the claim's bytes; the agent opens
+/// it inside the pod and QEMU gets the fd (no device path on its command line, the device among
+/// its fds); the guest boots with the claim's size and bytes. Stopping the VM ends the pod only
+/// after QEMU let the device go (nothing in `detached-in-use`), and the device goes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_boot_claim_is_a_device_of_the_launcher_pod_handed_to_qemu_as_an_fd() {
+    if !common::guest::is_root() {
+        eprintln!("skipped: loop devices and the stand-in kubelet's mount namespaces need root");
+        return;
+    }
+    let c = Cluster::start().await;
+    let _pods = c.pods_mode(false).await;
+    let backing = c.dir.path().join("csi/default/bootblk/block.img");
+    std::fs::create_dir_all(backing.parent().unwrap()).unwrap();
+    std::fs::write(&backing, b"VP-BLOCKBOOT0001").unwrap();
+    std::fs::File::options().write(true).open(&backing).unwrap().set_len(32 << 20).unwrap();
+    csi_claim(&c, "bootblk", "32Mi", "Block").await;
+
+    let mut vm = serde_json::to_value(guest_vm("bb", Some("n2"))).unwrap();
+    vm["spec"]["template"]["spec"]["domain"]["devices"] = json!({"disks": [{"name": "boot", "disk": {"bus": "virtio"}}]});
+    vm["spec"]["template"]["spec"]["volumes"] = json!([{"name": "boot", "persistentVolumeClaim": {"claimName": "bootblk"}}]);
+    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
+    vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+    let vmi = c.running("bb", BOOT).await;
+    let uid = vmi.uid().unwrap();
+    let pod = launcher_pod(&c, &uid, "the VMI's launcher pod").await;
+    let devices = serde_json::to_value(&pod.spec.as_ref().unwrap().containers[0].volume_devices).unwrap();
+    assert_eq!(devices, json!([{"name": "boot", "devicePath": "/dev/boot"}]), "KubeVirt's layout for a Block boot claim");
+
+    let run_dir = c.dir.path().join("n2/node/vmis").join(&uid);
+    let log = run_dir.join("serial.log");
+    let disk = common::wait_until(BOOT, "the guest to report its disk (BLOCK+ on its console)", || {
+        let line = common::guest::console_lines(&log).into_iter().find(|l| l.starts_with("BLOCK+ "));
+        async move { line }
+    })
+    .await;
+    let head: String = b"VP-BLOCKBOOT0001".iter().map(|b| format!("{b:02x}")).collect();
+    let w: Vec<&str> = disk.split_whitespace().collect();
+    assert_eq!((w[2], w[3]), ("65536", head.as_str()), "32 MiB with the claim's bytes: {disk}");
+
+    let device = loop_devices_of(&backing);
+    assert_eq!(device.len(), 1, "n2's kubelet attached the claim: {device:?}");
+    let qemu = qemu_pid(&run_dir);
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{}/cmdline", qemu.as_raw_nonzero())).unwrap()).replace('\0', " ");
+    assert!(!cmdline.contains("/dev/boot") && !cmdline.contains(&device[0]) && cmdline.contains("/dev/fdset/0"), "{cmdline}");
+    let rdev = std::os::unix::fs::MetadataExt::rdev(&std::fs::metadata(&device[0]).unwrap());
+    let holds = std::fs::read_dir(format!("/proc/{}/fd", qemu.as_raw_nonzero()))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::metadata(fd.path()).ok())
+        .any(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) && std::os::unix::fs::MetadataExt::rdev(&m) == rdev);
+    assert!(holds, "QEMU holds the claim's device open");
+
+    vms.patch("bb", &PatchParams::default(), &Patch::Merge(json!({"spec": {"runStrategy": "Halted"}}))).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    common::wait_until(T, "the launcher pod to be gone", || {
+        let pods = pods.clone();
+        let name = pod.name_any();
+        async move { pods.get_opt(&name).await.ok().flatten().is_none().then_some(()) }
+    })
+    .await;
+    let stopped = standins::stopped_marker(&c.dir.path().join("n2"), &pod.uid().unwrap());
+    common::wait_until(T, "the kubelet to stop the launcher pod and check its claims", || {
+        let done = stopped.exists();
+        async move { done.then_some(()) }
+    })
+    .await;
+    common::wait_until(T, "the pod's going to detach the claim's loop device", || {
+        let gone = loop_devices_of(&backing).is_empty();
+        async move { gone.then_some(()) }
+    })
+    .await;
+    let early = std::fs::read_to_string(c.dir.path().join("n2/detached-in-use")).unwrap_or_default();
+    assert!(early.is_empty(), "the launcher pod went while QEMU held its device:\n{early}");
+}

@@ -256,7 +256,7 @@ async fn boot_disks_reach_qemu_as_fds_the_launcher_hands_it() {
     let mut spec = spec(&pod.run_dir(), Some(""));
     let disk = |id: &str, n: u32, readonly: bool| BootDisk {
         id: id.into(),
-        source: DiskSource::Inherited(n),
+        source: DiskSource::Inherited { index: n, block: false },
         readonly,
         sata: false,
         bootindex: None,

@@ -250,15 +250,15 @@ fn opened_readonly(vmi: &VirtualMachineInstance, volume: &str) -> bool {
 
 /// Launcher pods: connects to the VMI's launcher and opens each boot claim of `sources` that a
 /// disk uses inside its pod (by the launcher's PID, the socket's peer), in volume-name order;
-/// the starter that hands those fds to QEMU, and the fd index of each volume
-/// ([`qemu::cmdline::DiskSource::Inherited`]). A claim no disk uses is not opened: QEMU would
+/// the starter that hands those fds to QEMU, and the fd index of each volume with whether it
+/// is a block device ([`qemu::cmdline::DiskSource::Inherited`]). A claim no disk uses is not opened: QEMU would
 /// get an fd its command line never names.
 async fn launcher_starter(
     shared: &Shared,
     vmi: &VirtualMachineInstance,
     run_dir: &Path,
     sources: &HashMap<String, BootSource>,
-) -> Result<(qemu::process::Starter, HashMap<String, u32>), String> {
+) -> Result<(qemu::process::Starter, HashMap<String, (u32, bool)>), String> {
     let socket = run_dir.join(qemu::launcher::SOCKET);
     let connection = qemu::launcher::Connection::open(&socket).await.map_err(|e| client::error_chain(&e))?;
     let pid = connection.launcher_pid();
@@ -278,7 +278,7 @@ async fn launcher_starter(
             .await
             .map_err(|e| format!("boot volume {volume} (claim {}) in the launcher pod: {e}", claim.name))?;
         tracing::debug!(volume, path = %opened.path.display(), "opened the boot claim in the launcher pod");
-        index.insert(volume.clone(), u32::try_from(inherited.len()).map_err(|e| e.to_string())?);
+        index.insert(volume.clone(), (u32::try_from(inherited.len()).map_err(|e| e.to_string())?, opened.block));
         inherited.push(opened.fd);
     }
     Ok((qemu::process::Starter::Launcher { connection, inherited }, index))
@@ -302,7 +302,7 @@ pub(super) async fn launch(
     let name = format!("{}_{}", record.namespace, record.name);
     let source = |v: &api::kubevirt::Volume| match sources.get(&v.name)? {
         BootSource::Path(p) => Some(qemu::cmdline::DiskSource::Path(p.clone())),
-        BootSource::InPod(_) => fd_index.get(&v.name).map(|n| qemu::cmdline::DiskSource::Inherited(*n)),
+        BootSource::InPod(_) => fd_index.get(&v.name).map(|&(index, block)| qemu::cmdline::DiskSource::Inherited { index, block }),
     };
     let mut spec =
         qemu::cmdline::from_vmi(&vmi.spec, &name, run_dir, shared.accel, &shared.config.boot_files, source).map_err(|e| e.to_string())?;
