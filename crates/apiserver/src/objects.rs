@@ -627,12 +627,13 @@ impl Objects {
             let op = if grace > 0 && obj.is_object() {
                 // A graceful delete: marked with the time it is due; a later delete may only
                 // shorten the grace (kube-apiserver's rule), a longer or equal one changes nothing.
-                if already_deleting && marked_grace.is_some_and(|g| g > 0 && g <= grace) && cur.object == obj {
+                let kept = already_deleting && marked_grace.is_some_and(|g| g > 0 && g <= grace);
+                if kept && cur.object == obj {
                     return Ok(cur.doc);
                 }
-                let due = jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_secs(i64::try_from(grace).unwrap_or(i64::MAX)));
                 let m = meta_mut(&mut obj);
-                if !(already_deleting && marked_grace.is_some_and(|g| g > 0 && g <= grace)) {
+                if !kept {
+                    let due = jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_secs(i64::try_from(grace).unwrap_or(i64::MAX)));
                     let due = due.unwrap_or(jiff::Timestamp::MAX).strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
                     m.insert("deletionTimestamp".into(), json!(due));
                     m.insert("deletionGracePeriodSeconds".into(), json!(grace));

@@ -882,10 +882,7 @@ async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod
     let c = Cluster::start().await;
     let _pods = c.pods_mode(true).await;
     let _csi = standins::csi(c.client.clone(), c.dir.path());
-    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(c.client.clone());
-    let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "standin-local"},
-        "provisioner": standins::CSI_PROVISIONER, "volumeBindingMode": "WaitForFirstConsumer"});
-    classes.create(&PostParams::default(), &serde_json::from_value(class).unwrap()).await.unwrap();
+    wffc_class(&c).await;
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
     let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "late", "namespace": "default"},
         "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "storageClassName": "standin-local",
@@ -971,18 +968,51 @@ async fn a_wait_for_first_consumer_claim_binds_on_the_node_of_its_attachment_pod
     assert_eq!(made.len(), 1, "the claim's binding did not replace the attachment pod: {made:?}");
 }
 
-/// The StorageClass `standin-local` of the stand-in CSI (`WaitForFirstConsumer`), and claim
-/// `name` of it (Filesystem, `size`), unbound.
-async fn wffc_claim(c: &Cluster, name: &str, size: &str) {
+/// The StorageClass `standin-local` of the stand-in CSI (`WaitForFirstConsumer`).
+async fn wffc_class(c: &Cluster) {
     let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(c.client.clone());
     let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "standin-local"},
         "provisioner": standins::CSI_PROVISIONER, "volumeBindingMode": "WaitForFirstConsumer"});
     classes.create(&PostParams::default(), &serde_json::from_value(class).unwrap()).await.unwrap();
+}
+
+/// [`wffc_class`], and claim `name` of it (Filesystem, `size`), unbound.
+async fn wffc_claim(c: &Cluster, name: &str, size: &str) {
+    wffc_class(c).await;
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(c.client.clone(), "default");
     let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
         "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem", "storageClassName": "standin-local",
                  "resources": {"requests": {"storage": size}}}});
     pvcs.create(&PostParams::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+}
+
+/// VM `name` on n2 (by its selector) booting the test guest with one virtio disk `boot` from
+/// volume source `source` (a claim or DataVolume); the VM API.
+async fn boot_vm(c: &Cluster, name: &str, source: serde_json::Value) -> Api<VirtualMachine> {
+    let mut vm = serde_json::to_value(guest_vm(name, Some("n2"))).unwrap();
+    vm["spec"]["template"]["spec"]["domain"]["devices"] = json!({"disks": [{"name": "boot", "disk": {"bus": "virtio"}}]});
+    let mut volume = source;
+    volume["name"] = json!("boot");
+    vm["spec"]["template"]["spec"]["volumes"] = json!([volume]);
+    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
+    vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+    vms
+}
+
+/// The guest's disk reports (`BLOCK+ dev sectors HEAD16 ...`) once there is one: the guest may
+/// print VP-READY before its first.
+async fn disk_reports(log: &Path) -> Vec<String> {
+    common::wait_until(BOOT, "the guest to report its disk (BLOCK+ on its console)", || {
+        let disks: Vec<String> = common::guest::console_lines(log).into_iter().filter(|l| l.starts_with("BLOCK+ ")).collect();
+        async move { (!disks.is_empty()).then_some(disks) }
+    })
+    .await
+}
+
+/// Whether process `pid` holds `path` (a file or a device node) open, matched as the stand-in
+/// kubelet matches holders: by device and inode (its fds' paths are its pod's).
+fn holds(pid: rustix::process::Pid, path: &Path) -> bool {
+    standins::holders_of(&standins::files_of(path)).iter().any(|h| h.starts_with(&format!("{} ", pid.as_raw_nonzero())))
 }
 
 /// Boot volumes as launcher-pod volumes (issue 19): a VM whose boot disk is an empty claim of
@@ -1011,11 +1041,7 @@ async fn a_boot_claim_waiting_for_its_consumer_binds_with_the_launcher_pod_and_r
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
     let (_pod_watch, pod_versions) = record(pods.clone(), kube::runtime::watcher::Config::default().labels("kubevirt.io=virt-launcher"));
 
-    let mut vm = serde_json::to_value(guest_vm("bv", Some("n2"))).unwrap();
-    vm["spec"]["template"]["spec"]["domain"]["devices"] = json!({"disks": [{"name": "boot", "disk": {"bus": "virtio"}}]});
-    vm["spec"]["template"]["spec"]["volumes"] = json!([{"name": "boot", "persistentVolumeClaim": {"claimName": "bootclaim"}}]);
-    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
-    vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+    let vms = boot_vm(&c, "bv", json!({"persistentVolumeClaim": {"claimName": "bootclaim"}})).await;
 
     let vmi = c.running("bv", BOOT).await;
     let uid = vmi.uid().unwrap();
@@ -1031,11 +1057,7 @@ async fn a_boot_claim_waiting_for_its_consumer_binds_with_the_launcher_pod_and_r
     // The guest sees the boot claim: its one disk, on virtio-blk (the test guest names SCSI
     // disks by serial only), 64 MiB (512-byte sectors), zeros (an empty claim).
     // The guest may print VP-READY before its first disk report.
-    let disks = common::wait_until(T, "the guest to report its disk (BLOCK+ on its console)", || {
-        let disks: Vec<String> = common::guest::console_lines(&log).into_iter().filter(|l| l.starts_with("BLOCK+ ")).collect();
-        async move { (!disks.is_empty()).then_some(disks) }
-    })
-    .await;
+    let disks = disk_reports(&log).await;
     assert_eq!(disks.len(), 1, "one disk, the boot claim: {disks:?}");
     let w: Vec<&str> = disks[0].split_whitespace().collect();
     assert!(w[1].starts_with("vd"), "a virtio-blk disk: {w:?}");
@@ -1091,13 +1113,7 @@ async fn a_boot_claim_waiting_for_its_consumer_binds_with_the_launcher_pod_and_r
         assert!(!cmdline.contains(path), "QEMU's command line names {path}: {cmdline}");
     }
     assert!(cmdline.contains("-add-fd fd=3,set=0,opaque=virtplug-boot:boot") && cmdline.contains("/dev/fdset/0"), "{cmdline}");
-    let (dev, ino) = (std::os::unix::fs::MetadataExt::dev(&md), std::os::unix::fs::MetadataExt::ino(&md));
-    let holds = std::fs::read_dir(format!("/proc/{}/fd", qemu.as_raw_nonzero()))
-        .unwrap()
-        .flatten()
-        .filter_map(|fd| std::fs::metadata(fd.path()).ok())
-        .any(|m| (std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m)) == (dev, ino));
-    assert!(holds, "QEMU holds the claim's disk.img open");
+    assert!(holds(qemu, &img), "QEMU holds the claim's disk.img open");
     let (_, parent) = parent_of(qemu);
     assert!(parent.contains(" launcher --uid ") && parent.contains(&uid), "QEMU's parent is the launcher: {parent}");
 
@@ -1143,10 +1159,7 @@ async fn a_data_volume_waiting_for_its_consumer_is_imported_before_its_launcher_
     let _pods = c.pods_mode(false).await;
     let _csi = standins::csi(c.client.clone(), c.dir.path());
     let _cdi = standins::cdi(c.client.clone(), c.dir.path());
-    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(c.client.clone());
-    let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "standin-local"},
-        "provisioner": standins::CSI_PROVISIONER, "volumeBindingMode": "WaitForFirstConsumer"});
-    classes.create(&PostParams::default(), &serde_json::from_value(class).unwrap()).await.unwrap();
+    wffc_class(&c).await;
     let dvs: Api<api::DataVolume> = Api::namespaced(c.client.clone(), "default");
     let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "imported", "namespace": "default"},
         "spec": {"source": {"blank": {}}, "storage": {"storageClassName": "standin-local", "volumeMode": "Filesystem",
@@ -1158,20 +1171,12 @@ async fn a_data_volume_waiting_for_its_consumer_is_imported_before_its_launcher_
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(c.client.clone(), "default");
     let (_vmi_watch, vmi_versions) = record(vmis.clone(), kube::runtime::watcher::Config::default().fields("metadata.name=dv"));
 
-    let mut vm = serde_json::to_value(guest_vm("dv", Some("n2"))).unwrap();
-    vm["spec"]["template"]["spec"]["domain"]["devices"] = json!({"disks": [{"name": "boot", "disk": {"bus": "virtio"}}]});
-    vm["spec"]["template"]["spec"]["volumes"] = json!([{"name": "boot", "dataVolume": {"name": "imported"}}]);
-    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
-    vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+    boot_vm(&c, "dv", json!({"dataVolume": {"name": "imported"}})).await;
 
     let vmi = c.running("dv", BOOT).await;
     let uid = vmi.uid().unwrap();
     let log = c.dir.path().join("n2/node/vmis").join(&uid).join("serial.log");
-    let disk = common::wait_until(BOOT, "the guest to report its disk (BLOCK+ on its console)", || {
-        let line = common::guest::console_lines(&log).into_iter().find(|l| l.starts_with("BLOCK+ "));
-        async move { line }
-    })
-    .await;
+    let disk = disk_reports(&log).await.swap_remove(0);
     let head: String = standins::CDI_IMPORTED.iter().map(|b| format!("{b:02x}")).collect();
     let w: Vec<&str> = disk.split_whitespace().collect();
     assert_eq!((w[2], w[3]), ("131072", head.as_str()), "64 MiB with the imported bytes: {disk}");
@@ -1256,11 +1261,7 @@ async fn a_block_boot_claim_is_a_device_of_the_launcher_pod_handed_to_qemu_as_an
     std::fs::File::options().write(true).open(&backing).unwrap().set_len(32 << 20).unwrap();
     csi_claim(&c, "bootblk", "32Mi", "Block").await;
 
-    let mut vm = serde_json::to_value(guest_vm("bb", Some("n2"))).unwrap();
-    vm["spec"]["template"]["spec"]["domain"]["devices"] = json!({"disks": [{"name": "boot", "disk": {"bus": "virtio"}}]});
-    vm["spec"]["template"]["spec"]["volumes"] = json!([{"name": "boot", "persistentVolumeClaim": {"claimName": "bootblk"}}]);
-    let vms: Api<VirtualMachine> = Api::namespaced(c.client.clone(), "default");
-    vms.create(&PostParams::default(), &serde_json::from_value(vm).unwrap()).await.unwrap();
+    let vms = boot_vm(&c, "bb", json!({"persistentVolumeClaim": {"claimName": "bootblk"}})).await;
     let vmi = c.running("bb", BOOT).await;
     let uid = vmi.uid().unwrap();
     let pod = launcher_pod(&c, &uid, "the VMI's launcher pod").await;
@@ -1269,11 +1270,7 @@ async fn a_block_boot_claim_is_a_device_of_the_launcher_pod_handed_to_qemu_as_an
 
     let run_dir = c.dir.path().join("n2/node/vmis").join(&uid);
     let log = run_dir.join("serial.log");
-    let disk = common::wait_until(BOOT, "the guest to report its disk (BLOCK+ on its console)", || {
-        let line = common::guest::console_lines(&log).into_iter().find(|l| l.starts_with("BLOCK+ "));
-        async move { line }
-    })
-    .await;
+    let disk = disk_reports(&log).await.swap_remove(0);
     let head: String = b"VP-BLOCKBOOT0001".iter().map(|b| format!("{b:02x}")).collect();
     let w: Vec<&str> = disk.split_whitespace().collect();
     assert_eq!((w[2], w[3]), ("65536", head.as_str()), "32 MiB with the claim's bytes: {disk}");
@@ -1283,13 +1280,7 @@ async fn a_block_boot_claim_is_a_device_of_the_launcher_pod_handed_to_qemu_as_an
     let qemu = qemu_pid(&run_dir);
     let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{}/cmdline", qemu.as_raw_nonzero())).unwrap()).replace('\0', " ");
     assert!(!cmdline.contains("/dev/boot") && !cmdline.contains(&device[0]) && cmdline.contains("/dev/fdset/0"), "{cmdline}");
-    let rdev = std::os::unix::fs::MetadataExt::rdev(&std::fs::metadata(&device[0]).unwrap());
-    let holds = std::fs::read_dir(format!("/proc/{}/fd", qemu.as_raw_nonzero()))
-        .unwrap()
-        .flatten()
-        .filter_map(|fd| std::fs::metadata(fd.path()).ok())
-        .any(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) && std::os::unix::fs::MetadataExt::rdev(&m) == rdev);
-    assert!(holds, "QEMU holds the claim's device open");
+    assert!(holds(qemu, Path::new(&device[0])), "QEMU holds the claim's device open");
 
     vms.patch("bb", &PatchParams::default(), &Patch::Merge(json!({"spec": {"runStrategy": "Halted"}}))).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");

@@ -204,14 +204,19 @@ pub fn pod_for(vmi: &VirtualMachineInstance, cfg: &LauncherPods, lookup: &impl L
 /// A failed write (an API error, or a conflict that did not settle).
 type WriteError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The pods made for VMI `uid` in `ns` (its launcher pod and temporary pods) in the cache.
+pub(super) fn cached_pods(cache: &Cache, ns: &str, uid: &str) -> impl Iterator<Item = std::sync::Arc<Pod>> {
+    let (ns, uid) = (ns.to_owned(), uid.to_owned());
+    cache.pods.state().into_iter().filter(move |p| {
+        p.namespace().as_deref() == Some(ns.as_str())
+            && p.labels().get(APP_LABEL).map(String::as_str) == Some(APP_LAUNCHER)
+            && p.labels().get(CREATED_BY) == Some(&uid)
+    })
+}
+
 /// The launcher pod of VMI `uid` in the cache.
 fn cached_pod(cache: &Cache, ns: &str, uid: &str) -> Option<std::sync::Arc<Pod>> {
-    cache.pods.state().into_iter().find(|p| {
-        p.namespace().as_deref() == Some(ns)
-            && p.labels().get(APP_LABEL).map(String::as_str) == Some(APP_LAUNCHER)
-            && p.labels().get(CREATED_BY).map(String::as_str) == Some(uid)
-            && !is_temporary(p)
-    })
+    cached_pods(cache, ns, uid).find(|p| !is_temporary(p))
 }
 
 /// The launcher pod of VMI `uid`, read from the API (before a create or a verdict of "gone").

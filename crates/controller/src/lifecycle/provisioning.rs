@@ -18,7 +18,7 @@ use kube::ResourceExt;
 use api::phases::DataVolumePhase;
 use api::VirtualMachineInstance;
 
-use super::launcher_pod::{pod_for, LauncherPods, APP_LABEL, APP_LAUNCHER, CREATED_BY};
+use super::launcher_pod::{pod_for, LauncherPods};
 use crate::cache::{Cache, Lookup};
 
 /// Annotation of a temporary pod (KubeVirt's).
@@ -74,17 +74,7 @@ pub fn temporary_pod(vmi: &VirtualMachineInstance, cfg: &LauncherPods, lookup: &
 /// The temporary pods of VMI `uid` in `ns` in the cache.
 #[must_use]
 pub fn cached(cache: &Cache, ns: &str, uid: &str) -> Vec<Arc<Pod>> {
-    cache
-        .pods
-        .state()
-        .into_iter()
-        .filter(|p| {
-            p.namespace().as_deref() == Some(ns)
-                && p.labels().get(APP_LABEL).map(String::as_str) == Some(APP_LAUNCHER)
-                && p.labels().get(CREATED_BY).map(String::as_str) == Some(uid)
-                && is_temporary(p)
-        })
-        .collect()
+    super::launcher_pod::cached_pods(cache, ns, uid).filter(|p| is_temporary(p)).collect()
 }
 
 #[cfg(test)]
@@ -152,7 +142,7 @@ mod tests {
         let pod = temporary_pod(&vmi(&["dv-WaitForFirstConsumer"]), &cfg, &World { classes: true }).unwrap();
         assert!(is_temporary(&pod));
         let v = serde_json::to_value(&pod).unwrap();
-        assert_eq!(v["metadata"]["labels"][CREATED_BY], "u1");
+        assert_eq!(v["metadata"]["labels"][super::super::launcher_pod::CREATED_BY], "u1");
         assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "u1");
         assert_eq!(
             v["spec"]["volumes"],

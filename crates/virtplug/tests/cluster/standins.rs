@@ -697,14 +697,16 @@ fn files_under(dir: &Path) -> Vec<(u64, u64)> {
 }
 
 /// File `path` (a device node: the one bound into pods), by device and inode.
-fn files_of(path: &Path) -> Vec<(u64, u64)> {
+#[allow(dead_code)] // tests/rbac.rs does not look
+pub fn files_of(path: &Path) -> Vec<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).map(|m| vec![(m.dev(), m.ino())]).unwrap_or_default()
 }
 
 /// The processes (`PID (comm)`) holding one of `files` open, matched by device and inode
 /// through `/proc/*/fd` (a path would not do: the file was opened in another mount namespace).
-fn holders_of(files: &[(u64, u64)]) -> Vec<String> {
+#[allow(dead_code)] // tests/rbac.rs does not look
+pub fn holders_of(files: &[(u64, u64)]) -> Vec<String> {
     use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
     for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
