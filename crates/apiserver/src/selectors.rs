@@ -151,13 +151,16 @@ impl Selector {
     }
 
     /// Whether a stored object matches both selectors, parsing only what they need: nothing
-    /// for empty selectors, the metadata for labels alone, the object for fields.
+    /// for empty selectors, else the labels and the fields' paths ([`crate::store::Doc::project`]).
     #[must_use]
     pub fn doc_matches(labels: &Selector, fields: &Selector, doc: &crate::store::Doc) -> bool {
         if labels.is_empty() && fields.is_empty() {
             return true;
         }
-        let obj = if fields.is_empty() { doc.metadata_view() } else { doc.value() };
+        // Only what the selectors look at is parsed (a watch checks every event, a list every
+        // object): the labels, and each field's path.
+        let paths: Vec<&str> = (!labels.is_empty()).then_some("metadata.labels").into_iter().chain(fields.keys()).collect();
+        let obj = doc.project(&paths);
         labels.matches_labels(&obj) && fields.matches_fields(&obj)
     }
 
@@ -259,6 +262,33 @@ mod tests {
         let sel = Selector::labels(&format!("app in ({})", values.join(","))).unwrap();
         assert!(sel.matches_labels(&json!({"metadata": {"labels": {"app": "v9999"}}})));
         assert!(!sel.matches_labels(&json!({"metadata": {"labels": {"app": "w"}}})));
+    }
+
+    #[test]
+    fn a_stored_object_matches_on_its_projection_as_on_the_whole_object() {
+        let o = json!({
+            "metadata": {"name": "a", "namespace": "ns", "labels": {"app": "web"}, "managedFields": [{"manager": "m"}]},
+            "spec": {"nodeName": "n1", "unschedulable": true, "replicas": 3},
+            "status": {"phase": "Running"}
+        });
+        let doc = crate::store::Doc::new(&o);
+        for (labels, fields) in [
+            ("", ""),
+            ("app=web", ""),
+            ("app=db", ""),
+            ("!app", ""),
+            ("", "metadata.name=a,metadata.namespace=ns"),
+            ("", "metadata.name=b"),
+            ("app=web", "spec.nodeName=n1,status.phase!=Failed"),
+            ("", "spec.unschedulable=true,spec.hostNetwork=false"),
+            ("", "spec.replicas=3,spec.missing="),
+            ("", "status.phase.deeper="),
+            ("app in (web,db)", "spec.nodeName!=n1"),
+        ] {
+            let (l, f) = (Selector::labels(labels).unwrap(), Selector::fields(fields).unwrap());
+            let whole = l.matches_labels(&o) && f.matches_fields(&o);
+            assert_eq!(Selector::doc_matches(&l, &f, &doc), whole, "{labels:?} {fields:?}");
+        }
     }
 
     #[test]

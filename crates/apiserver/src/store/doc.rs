@@ -73,11 +73,94 @@ impl Doc {
         serde_json::json!({ "metadata": meta })
     }
 
+    /// Only the fields at `paths` (dotted: `metadata.labels`, `status.nodeName`), in an object of
+    /// the same shape; everything else is skipped without being built. What a selector needs from
+    /// an object: a watch with a selector checks every event, and a list every object, so
+    /// parsing whole objects there (and `managedFields` with them) was most of the cost. A path
+    /// through something that is not an object is left out, as a missing field; `Null` for a
+    /// damaged row or one that is not an object.
+    #[must_use]
+    pub fn project(&self, paths: &[&str]) -> Value {
+        let split: Vec<Vec<&str>> = paths.iter().map(|p| p.split('.').collect()).collect();
+        let wanted: Vec<&[&str]> = split.iter().map(Vec::as_slice).collect();
+        let mut de = serde_json::Deserializer::from_slice(&self.0);
+        match serde::de::DeserializeSeed::deserialize(Pick(&wanted), &mut de) {
+            Ok(Some(v)) => v,
+            Ok(None) | Err(_) => Value::Null,
+        }
+    }
+
     /// The object, parsed. The bytes were produced from a `Value` or checked when read back, so
     /// this does not fail; `Null` stands for a damaged row.
     #[must_use]
     pub fn value(&self) -> Value {
         serde_json::from_slice(&self.0).unwrap_or(Value::Null)
+    }
+}
+
+/// [`Doc::project`]'s walk: the rest of each wanted path below the current value. An empty rest
+/// takes the whole value; a value no path goes into is skipped (`IgnoredAny`), never built.
+struct Pick<'p>(&'p [&'p [&'p str]]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Pick<'_> {
+    type Value = Option<Value>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Option<Value>, D::Error> {
+        if self.0.iter().any(|p| p.is_empty()) {
+            return serde::Deserialize::deserialize(d).map(Some);
+        }
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Pick<'_> {
+    type Value = Option<Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Option<Value>, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let below: Vec<&[&str]> = self.0.iter().filter(|p| p.first() == Some(&key.as_ref())).map(|p| &p[1..]).collect();
+            if below.is_empty() {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            } else if let Some(v) = map.next_value_seed(Pick(&below))? {
+                out.insert(key.into_owned(), v);
+            }
+        }
+        Ok(Some(Value::Object(out)))
+    }
+
+    // A path that goes into something other than an object finds nothing there.
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Option<Value>, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Option<Value>, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Option<Value>, E> {
+        Ok(None)
     }
 }
 
@@ -109,6 +192,25 @@ mod tests {
         assert_eq!(Doc::from_stored(b"{\"a\":1}").value(), json!({"a": 1}));
         let pretty = b"{\n  \"metadata\": {\"name\": \"a\"}\n}\n";
         assert_eq!(Doc::from_stored(pretty).bytes().as_ref(), br#"{"metadata":{"name":"a"}}"#, "a watch line stays one line");
+    }
+
+    #[test]
+    fn a_projection_holds_the_wanted_fields_and_nothing_else() {
+        let d = Doc::new(&json!({
+            "metadata": {"name": "a", "labels": {"app": "web"}, "managedFields": [{"manager": "m"}]},
+            "spec": {"nodeName": "n1", "hostNetwork": true, "containers": [{"name": "c"}]},
+            "status": "odd"
+        }));
+        assert_eq!(
+            d.project(&["metadata.labels", "spec.nodeName", "metadata.name"]),
+            json!({"metadata": {"name": "a", "labels": {"app": "web"}}, "spec": {"nodeName": "n1"}})
+        );
+        // Through a string, an array or a missing key: nothing, as a missing field.
+        assert_eq!(d.project(&["status.phase", "spec.containers.name", "spec.missing"]), json!({"spec": {}}));
+        assert_eq!(d.project(&["spec"]), d.value().pointer("/spec").map(|s| json!({"spec": s})).unwrap());
+        assert_eq!(d.project(&[]), json!({}));
+        assert_eq!(Doc::from_stored(b"{").project(&["metadata.name"]), Value::Null);
+        assert_eq!(Doc::new(&json!([1, 2])).project(&["metadata.name"]), Value::Null);
     }
 
     #[test]
