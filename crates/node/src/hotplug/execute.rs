@@ -117,16 +117,27 @@ impl<'a, E: Effects> Pass<'a, E> {
         }
     }
 
-    /// Unplugs the devices of `volumes`: `Detaching` for all in one write, QMP in turn, the
-    /// Events, then the entries removed in one write.
+    /// Unplugs the devices of `volumes`: `Detaching` for all in one write, sent while QMP
+    /// unplugs them in turn (the write is not on the unplug's critical path; writes of one
+    /// object queue in order on its lock, and the removal below is sent after it returned),
+    /// then the Events, then the entries removed in one write.
     async fn detach(&mut self, volumes: Vec<String>) {
-        self.write(volumes.iter().map(|v| Change::detaching(v, "unplugging")).collect()).await;
+        let detaching = volumes.iter().map(|v| Change::detaching(v, "unplugging")).collect();
+        let machine = self.machine;
+        let unplug = async {
+            let mut out = Vec::with_capacity(volumes.len());
+            for volume in &volumes {
+                let span = volume_span(volume);
+                let t = Instant::now();
+                let detached = machine.detach(volume).instrument(span.clone()).await;
+                crate::metrics::observe("unplug", t.elapsed().as_secs_f64());
+                out.push((volume.clone(), span, detached));
+            }
+            out
+        };
+        let ((), unplugged) = tokio::join!(self.write(detaching), unplug);
         let (mut gone, mut changes) = (Vec::new(), Vec::new());
-        for volume in volumes {
-            let span = volume_span(&volume);
-            let t = Instant::now();
-            let detached = self.machine.detach(&volume).instrument(span.clone()).await;
-            crate::metrics::observe("unplug", t.elapsed().as_secs_f64());
+        for (volume, span, detached) in unplugged {
             match detached {
                 Ok(()) => {
                     span.in_scope(|| tracing::info!("detached"));
@@ -147,12 +158,12 @@ impl<'a, E: Effects> Pass<'a, E> {
         self.write(changes).await;
     }
 
-    /// Ejects medium `node` from `drive`; `volume` is its entry.
+    /// Ejects medium `node` from `drive`; `volume` is its entry (`Detaching` written while QEMU
+    /// ejects, as for an unplug).
     async fn eject(&mut self, drive: String, node: &str, volume: Option<String>) {
-        if let Some(v) = &volume {
-            self.write(vec![Change::detaching(v, "ejecting")]).await;
-        }
-        match self.machine.eject(&drive).await {
+        let detaching = volume.iter().map(|v| Change::detaching(v, "ejecting")).collect();
+        let ((), ejected) = tokio::join!(self.write(detaching), self.machine.eject(&drive));
+        match ejected {
             Ok(()) => {
                 let what = volume.as_deref().unwrap_or(node);
                 self.effects.event(EventReason::VolumeUnplugged, format!("medium {what} ejected from {drive}")).await;
