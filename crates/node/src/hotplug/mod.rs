@@ -45,14 +45,16 @@ pub async fn reconcile(
     bind: Option<&Vm>,
     volumes: &mut Volumes,
 ) -> Option<Duration> {
-    let inventory = match machine.inventory().await {
+    // The three queries go out together (QMP answers in order): one round trip before the plan.
+    let (inventory, drives) = tokio::join!(machine.inventory(), machine.drives());
+    let inventory = match inventory {
         Ok(i) => i,
         Err(e) => {
             tracing::warn!("cannot ask QEMU what is attached: {e}");
             return Some(shared.config.backoff.cap);
         }
     };
-    let drives = machine.drives().await.unwrap_or_default();
+    let drives = drives.unwrap_or_default();
     let steps = plan::plan(&plan::wanted(&vmi.spec), &inventory, &drives, vmi.status.as_ref());
     let effects = effects::ApiEffects { shared, vmi };
     let mut pass = execute::Pass::new(machine, &inventory, &effects, volumes, shared.config.backoff);
