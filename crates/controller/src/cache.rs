@@ -6,8 +6,9 @@
 //! - A store is updated before the watch event that changed it triggers a reconcile, so a
 //!   reconcile never sees an object older than the event that woke it.
 //! - The controller GETs an object only right before a conditional write
-//!   ([`client::update_from`], [`client::patch_if_seen`]): a stale copy can at worst cause one
-//!   GET and a plan that finds nothing to do; the next event corrects it.
+//!   ([`client::update_from`]), or not at all ([`client::patch_if_seen`] sends its patch behind
+//!   the cached copy's resourceVersion): a stale copy can at worst cause one GET and a plan
+//!   that finds nothing to do, or a refused write and a re-read; the next event corrects it.
 
 use std::collections::HashMap;
 use std::sync::Arc;

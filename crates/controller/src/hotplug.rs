@@ -61,8 +61,9 @@ pub type BeforePatch = client::BeforeWrite;
 
 /// Patches the VMI `name` of `vmis` to match `template` (the VM's `spec.template.spec`).
 /// `seen` is the caller's copy of the VMI (a store's): when the plan on it finds nothing to
-/// do, nothing is read or written; otherwise the plan runs again on a fresh read and its patch
-/// is written conditionally ([`client::patch_if`]). Returns whether a patch was written.
+/// do, nothing is read or written; otherwise its patch is written at once, behind `seen`'s
+/// resourceVersion, and re-planned on a fresh read if the VMI moved on
+/// ([`client::patch_if_seen`]). Returns whether a patch was written.
 ///
 /// # Errors
 /// `Patch` (e.g. admission refused the output, or the VMI kept changing).

@@ -1,6 +1,7 @@
 //! `client::patch_if` against the real API server: a patch lands only on the revision it was
-//! planned from, a conflict re-plans on a fresh read, a refusal of an unchanged object is not
-//! retried (both are 422 for a failed `test`: the resourceVersion tells them apart).
+//! planned from (a cached copy's too), a conflict re-plans on a fresh read, a refusal of an
+//! unchanged object is not retried (both are 422 for a failed `test`: the resourceVersion tells
+//! them apart).
 
 #![allow(clippy::unwrap_used)]
 
@@ -54,6 +55,32 @@ async fn a_concurrent_write_is_kept_and_the_patch_replanned_on_a_fresh_read() {
     assert_eq!(done.attempts, 2, "the first patch hit the racer's write");
     let got = vms.get("p").await.unwrap();
     assert_eq!(got.metadata.annotations.unwrap()["example.com/seen"], "racer,mine", "planned again from the racer's value");
+}
+
+#[tokio::test]
+async fn a_patch_from_a_cached_copy_lands_only_on_that_copys_revision() {
+    let s = TestServer::start().await;
+    let vms = vm(&s).await;
+    // Current copy: its patch goes out at once and lands (one attempt, no re-plan).
+    let seen = vms.get("p").await.unwrap();
+    let done = client::patch_if_seen(&vms, &seen, &PatchIfOptions::default(), |vm| append(vm, "one")).await.unwrap();
+    assert!(done.wrote);
+    assert_eq!(done.attempts, 1, "a current cached copy needs no re-plan");
+    // A copy a write behind (a watch cache that has not seen the racer's write yet): its patch
+    // is refused by the resourceVersion test, re-planned on a fresh read, and keeps the racer's.
+    let stale = vms.get("p").await.unwrap();
+    client::blind_patch(&vms, "p", MetaKey::Annotation, "example.com/seen", Some("one,racer")).await.unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let opts = PatchIfOptions { before_write: Some(hook(&calls, None)), ..PatchIfOptions::default() };
+    let done = client::patch_if_seen(&vms, &stale, &opts, |vm| append(vm, "two")).await.unwrap();
+    assert!(done.wrote);
+    assert_eq!((done.attempts, calls.load(Ordering::SeqCst)), (2, 2), "the stale copy's patch was refused, then re-planned once");
+    let got = vms.get("p").await.unwrap();
+    assert_eq!(
+        got.metadata.annotations.unwrap()["example.com/seen"],
+        "one,racer,two",
+        "nothing lost: planned again from the racer's value"
+    );
 }
 
 #[tokio::test]
