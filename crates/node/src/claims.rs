@@ -50,13 +50,18 @@ fn loop_device_of(backing: &Path) -> Option<PathBuf> {
 async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PersistentVolumeClaim, SourceError> {
     source::check_name("claim name", claim)?;
     let api_err = |e: kube::Error| SourceError::NotReady(format!("cannot read claim {claim}: {e}"));
-    if data_volume {
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(shared.client.clone(), ns);
+    // A DataVolume's two reads go out together (one round trip on the hot-plug's path, not
+    // two); its state is judged first, as before.
+    let (dv, pvc) = if data_volume {
         let dvs: Api<DataVolume> = Api::namespaced(shared.client.clone(), ns);
-        let dv = dvs
-            .get_opt(claim)
-            .await
-            .map_err(api_err)?
-            .ok_or_else(|| SourceError::NotReady(format!("DataVolume {claim} does not exist")))?;
+        let (dv, pvc) = tokio::join!(dvs.get_opt(claim), pvcs.get_opt(claim));
+        (Some(dv), pvc)
+    } else {
+        (None, pvcs.get_opt(claim).await)
+    };
+    if let Some(dv) = dv {
+        let dv = dv.map_err(api_err)?.ok_or_else(|| SourceError::NotReady(format!("DataVolume {claim} does not exist")))?;
         let st = dv.status.unwrap_or_default();
         match st.phase {
             Some(DataVolumePhase::Succeeded) => {}
@@ -69,8 +74,7 @@ async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) 
             }
         }
     }
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(shared.client.clone(), ns);
-    let pvc = pvcs.get_opt(claim).await.map_err(api_err)?.ok_or_else(|| SourceError::NotReady(format!("claim {claim} does not exist")))?;
+    let pvc = pvc.map_err(api_err)?.ok_or_else(|| SourceError::NotReady(format!("claim {claim} does not exist")))?;
     if !ClaimPhase::is_bound(&pvc) {
         return Err(SourceError::NotReady(format!("claim {claim} is not bound yet")));
     }
