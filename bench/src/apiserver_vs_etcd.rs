@@ -6,6 +6,10 @@
 //! etcd: its WAL). virtplug is reached over HTTPS through kube-rs with a JSON merge patch that
 //! carries `metadata.resourceVersion`; etcd over its HTTP JSON gateway (`/v3/kv/txn` comparing
 //! `mod_revision`, `/v3/watch`), without TLS.
+//!
+//! After the update levels, the disk's own floor for one writer: 4 KiB written in place and
+//! `fdatasync`ed in turn, in the servers' directory, as syncs/s, with the share of it each server
+//! reached at one writer (how far a one-writer rate is from what the disk allows).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -160,6 +164,31 @@ async fn etcd_updates(url: &str, writers: usize, secs: u64) -> anyhow::Result<f6
     Ok(count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
 }
 
+/// The disk's floor for one writer: 4 KiB written in place and `fdatasync`ed, in turn, for
+/// `secs` (over a 1 MiB region, as a write-ahead log reused after a checkpoint), in `dir` (the
+/// servers' file system). No store that syncs every acknowledged write before answering it can
+/// acknowledge more writes per second than this with one writer (each needs its own sync);
+/// only concurrent writers can share one (group commit).
+fn disk_syncs_per_second(dir: &Path, secs: u64) -> anyhow::Result<f64> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join("sync-floor");
+    let f = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path)?;
+    let page = [0x5a_u8; 4096];
+    for i in 0..256_u64 {
+        f.write_all_at(&page, i * 4096)?;
+    }
+    f.sync_all()?;
+    let (start, mut n) = (Instant::now(), 0_u64);
+    while start.elapsed() < Duration::from_secs(secs) {
+        f.write_all_at(&page, (n % 256) * 4096)?;
+        f.sync_data()?;
+        n += 1;
+    }
+    std::fs::remove_file(&path)?;
+    #[allow(clippy::cast_precision_loss)]
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -277,6 +306,7 @@ async fn main() -> anyhow::Result<()> {
         "| writers | virtplug updates/s | etcd txn/s | virtplug / etcd | virtplug CPU µs/update | etcd CPU µs/txn | CPU etcd / virtplug | virtplug disk KiB/update | etcd disk KiB/txn |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut one = (0.0, 0.0);
     for writers in [1, 8, 64] {
         let (c0, w0) = (cputime::cpu_seconds(vp_pid)?, cputime::write_bytes(vp_pid)?);
         let v = virtplug_updates(&client, writers, args.seconds).await?;
@@ -290,7 +320,18 @@ async fn main() -> anyhow::Result<()> {
         #[allow(clippy::cast_precision_loss)]
         let (vw, ew) = (per(w1.saturating_sub(w0) as f64 / 1024.0, v), per(x1.saturating_sub(x0) as f64 / 1024.0, e));
         println!("| {writers} | {v:.0} | {e:.0} | {:.2} | {vc:.0} | {ec:.0} | {:.2} | {vw:.1} | {ew:.1} |", v / e, ec / vc);
+        if writers == 1 {
+            one = (v, e);
+        }
     }
+    let floor = disk_syncs_per_second(dir.path(), args.seconds)?;
+    println!();
+    println!(
+        "Disk floor, one writer (4 KiB written in place + fdatasync, in turn, same file system): {floor:.0} syncs/s; \
+         at 1 writer virtplug reached {:.0} % of it, etcd {:.0} %",
+        one.0 / floor * 100.0,
+        one.1 / floor * 100.0
+    );
     println!();
     let v = virtplug_watch(&client, args.watchers, args.rounds).await?;
     let e = etcd_watch(&etcd, args.watchers, args.rounds).await?;
