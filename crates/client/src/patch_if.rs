@@ -74,7 +74,8 @@ pub struct Patched<K> {
     pub object: Option<K>,
     /// Whether a patch was sent and accepted.
     pub wrote: bool,
-    /// Reads it took (0 when [`patch_if_seen`] planned nothing on its cached copy).
+    /// Copies it read to plan on (0 when [`patch_if_seen`]'s cached copy decided: nothing to
+    /// do, or its patch landed).
     pub attempts: u32,
 }
 
@@ -138,15 +139,15 @@ pub async fn patch_if<K: Object, E: std::error::Error + 'static>(
     attempt_from(api, name, opts, plan, None).await
 }
 
-/// [`patch_if`]'s loop; the first attempt plans on `first` (a cached copy) instead of a read
-/// when given, and a conflict there is retried on a fresh read at once (a cache a write behind
-/// is not contention: no backoff for it).
+/// [`patch_if`]'s loop; the first attempt sends `first` (a cached copy and the patch planned on
+/// it) instead of reading and planning, and a conflict there is retried on a fresh read at once
+/// (a cache a write behind is not contention: no backoff for it).
 async fn attempt_from<K: Object, E: std::error::Error + 'static>(
     api: &Api<K>,
     name: &str,
     opts: &PatchIfOptions,
     mut plan: impl FnMut(&K) -> Result<Option<Patch>, E>,
-    mut first: Option<K>,
+    mut first: Option<(K, Patch)>,
 ) -> Result<Patched<K>, PatchIfError<E>> {
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     let object = match api.namespace() {
@@ -156,21 +157,24 @@ async fn attempt_from<K: Object, E: std::error::Error + 'static>(
     let api_err = |source| PatchIfError::Api { kind: kind.clone(), object: object.clone(), source };
     let _lock = locks::lock(&format!("{}/{name}", api.resource_url())).await;
     let attempts = opts.attempts.max(1);
-    let mut attempt = 0;
+    let (mut attempt, mut reads) = (0, 0);
     loop {
         attempt += 1;
         let cached = first.is_some();
-        let current = match first.take() {
-            Some(seen) => seen,
-            None => match api.get_opt(name).await.map_err(api_err)? {
-                Some(current) => current,
-                None => return Ok(Patched { object: None, wrote: false, attempts: attempt }),
-            },
-        };
-        let planned = plan(&current).map_err(|source| PatchIfError::Plan { kind: kind.clone(), object: object.clone(), source })?;
-        let Some(patch) = planned else {
-            metrics::get().noop_skips.inc();
-            return Ok(Patched { object: Some(current), wrote: false, attempts: attempt });
+        let (current, patch) = match first.take() {
+            Some(planned) => planned,
+            None => {
+                reads += 1;
+                let Some(current) = api.get_opt(name).await.map_err(api_err)? else {
+                    return Ok(Patched { object: None, wrote: false, attempts: reads });
+                };
+                let planned = plan(&current).map_err(|source| PatchIfError::Plan { kind: kind.clone(), object: object.clone(), source })?;
+                let Some(patch) = planned else {
+                    metrics::get().noop_skips.inc();
+                    return Ok(Patched { object: Some(current), wrote: false, attempts: reads });
+                };
+                (current, patch)
+            }
         };
         let read_rv = current.meta().resource_version.clone();
         if let Some(hook) = &opts.before_write {
@@ -180,7 +184,7 @@ async fn attempt_from<K: Object, E: std::error::Error + 'static>(
         match api.patch(name, &pp, &kube::api::Patch::Json::<()>(guarded(read_rv.as_deref(), patch))).await {
             Ok(written) => {
                 metrics::get().updates.inc();
-                return Ok(Patched { object: Some(written), wrote: true, attempts: attempt });
+                return Ok(Patched { object: Some(written), wrote: true, attempts: reads });
             }
             Err(source @ kube::Error::Api(_)) => {
                 let now_rv = api.get_opt(name).await.map_err(api_err)?.and_then(|o| o.meta().resource_version.clone());
@@ -211,8 +215,8 @@ async fn attempt_from<K: Object, E: std::error::Error + 'static>(
 /// write behind fails that test and costs what a conflict costs in [`patch_if`] (the re-read,
 /// then a plan on the fresh copy, without the backoff): the common case, a current cache, is one
 /// request instead of two, and the write is still applied only to the revision it was planned
-/// from. (A GET before the write took a round trip off every declarative hot-plug's critical
-/// path: the spec edit → `device_add` chain.)
+/// from. (Without the GET, a declarative hot-plug's spec edit → `device_add` chain is one round
+/// trip shorter.) A plan that fails on `seen` is not final either: the fresh copy decides.
 ///
 /// # Errors
 /// As [`patch_if`].
@@ -222,13 +226,17 @@ pub async fn patch_if_seen<K: Object, E: std::error::Error + 'static>(
     opts: &PatchIfOptions,
     mut plan: impl FnMut(&K) -> Result<Option<Patch>, E>,
 ) -> Result<Patched<K>, PatchIfError<E>> {
-    // A plan error on the cached copy is not final: the fresh copy decides.
-    if matches!(plan(seen), Ok(None)) {
-        metrics::get().noop_skips.inc();
-        return Ok(Patched { object: Some(seen.clone()), wrote: false, attempts: 0 });
-    }
+    let first = match plan(seen) {
+        Ok(None) => {
+            metrics::get().noop_skips.inc();
+            return Ok(Patched { object: Some(seen.clone()), wrote: false, attempts: 0 });
+        }
+        Ok(Some(patch)) => Some((seen.clone(), patch)),
+        // A plan error on the cached copy is not final: the fresh copy decides.
+        Err(_) => None,
+    };
     let name = seen.meta().name.clone().unwrap_or_default();
-    attempt_from(api, &name, opts, plan, Some(seen.clone())).await
+    attempt_from(api, &name, opts, plan, first).await
 }
 
 /// `patch` behind a `test` of the resourceVersion it was planned from (unless the plan put that
