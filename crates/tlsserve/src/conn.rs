@@ -21,6 +21,13 @@
 //! so is authentication: the service should answer a request without credentials before reading
 //! its body (the API server's `authenticate` does).
 //!
+//! A body the service answered without reading to its end (a 401, 404 or 405 sent before it)
+//! is read after the response, up to [`DRAIN_LIMIT`] bytes within [`DRAIN_TIMEOUT`], and
+//! dropped ([`drain`]): hyper closes an HTTP/1 connection whose request body was left unread, and
+//! a keep-alive client that has already sent its next request on it meets a reset instead of an
+//! answer (DMTF's protocol validator: the POST after a refused PATCH on the Redfish service
+//! root). A bigger or slower body still closes the connection.
+//!
 //! # Accept errors
 //! When the process runs out of file descriptors `accept` fails (EMFILE) while the connection
 //! stays queued, so retrying at once spins a core. Failed accepts are retried after a delay that
@@ -30,12 +37,15 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
@@ -54,6 +64,10 @@ pub const MAX_H1_BUF: usize = 64 * 1024;
 pub const H2_PING_EVERY: Duration = Duration::from_secs(30);
 /// See [`H2_PING_EVERY`].
 pub const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+/// The most of an unread request body read after its response to keep the connection ([`drain`]).
+pub const DRAIN_LIMIT: usize = 64 * 1024;
+/// How long that read may take.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// Delays between failed accepts.
 pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// See [`ACCEPT_BACKOFF_MIN`].
@@ -267,12 +281,15 @@ async fn serve_one<S>(
         hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             let guard = activity.begin();
             let service = service.clone();
-            let mut req = req.map(Body::new);
+            let (parts, incoming) = req.into_parts();
+            let held = Arc::new(Mutex::new(incoming));
+            let mut req = http::Request::from_parts(parts, Body::new(Held(Arc::clone(&held))));
             if let Some(p) = &peer {
                 req.extensions_mut().insert(p.clone());
             }
             async move {
                 let resp = service.oneshot(req).await?;
+                drain(held);
                 // The request counts as in flight until its response body is done (a watch).
                 Ok::<_, Infallible>(resp.map(|b| {
                     Body::new(b.map_frame(move |f| {
@@ -297,6 +314,50 @@ async fn serve_one<S>(
     // Idle: say goodbye (HTTP/2 GOAWAY; HTTP/1 closes), but do not wait on the peer for long.
     conn.as_mut().graceful_shutdown();
     let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+}
+
+/// A request's body as the service reads it, while the connection keeps a hold on it: what the
+/// service leaves unread is [`drain`]ed.
+struct Held(Arc<Mutex<Incoming>>);
+
+impl Held {
+    fn body(&self) -> std::sync::MutexGuard<'_, Incoming> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl hyper::body::Body for Held {
+    type Data = hyper::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut *self.body()).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body().is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body().size_hint()
+    }
+}
+
+/// After the response: reads what the service left of the request's body, if anything and if the
+/// service let go of it, in a task of its own (the response is not held back), at most
+/// [`DRAIN_LIMIT`] bytes within [`DRAIN_TIMEOUT`]; past either it is dropped and hyper closes
+/// the connection. Nothing to do (no spawn) for a body read to its end or none, every request
+/// but an early refusal of a write.
+fn drain(held: Arc<Mutex<Incoming>>) {
+    let Ok(body) = Arc::try_unwrap(held).map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner)) else {
+        return; // the service still reads it (a response streaming from its request)
+    };
+    if body.is_end_stream() || body.size_hint().lower() > DRAIN_LIMIT as u64 {
+        return;
+    }
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, http_body_util::Limited::new(body, DRAIN_LIMIT).collect()).await;
+    });
 }
 
 /// HTTP/1 and HTTP/2 settings; the protocol the client chose by ALPN, else either.

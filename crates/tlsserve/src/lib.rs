@@ -16,7 +16,7 @@ pub mod pki;
 
 use std::path::{Path, PathBuf};
 
-pub use conn::{serve, serve_with_refusal, Limits, PeerCertificates, Refusal};
+pub use conn::{serve, serve_with_refusal, Limits, PeerCertificates, Refusal, DRAIN_LIMIT, DRAIN_TIMEOUT};
 
 /// Errors building a TLS configuration.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,7 @@
 //! The listener on loopback with a real TLS client: a certificate issued for other names by the
 //! API server's CA is trusted through that CA, ALPN picks the protocol, and a connection over
-//! the cap gets the service's own refusal.
+//! the cap gets the service's own refusal, and a connection whose request was answered before
+//! its body was read stays usable.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -32,7 +33,8 @@ async fn start(
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    let app = Router::new().route("/", get(|| async { "hello" }));
+    // `/refuse` answers a POST without reading its body (as a 401 or 405 does).
+    let app = Router::new().route("/", get(|| async { "hello" })).route("/refuse", post(|| async { http::StatusCode::METHOD_NOT_ALLOWED }));
     tokio::spawn(tlsserve::serve_with_refusal(listener, app, tls, limits, shutdown.clone(), refusal));
     (addr, creds.ca_pem, shutdown, t)
 }
@@ -95,6 +97,44 @@ async fn over_the_cap_a_client_gets_the_services_refusal_with_retry_after() {
         }
     };
     tokio::time::timeout(DEADLINE, served).await.expect("a request served within 10 s of the slot being freed");
+    shutdown.cancel();
+}
+
+/// Reads from `s` until `text` has arrived; everything read.
+async fn read_until(s: &mut TlsStream<TcpStream>, text: &str) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0_u8; 4096];
+    let read = async {
+        while !String::from_utf8_lossy(&out).contains(text) {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the connection closed before {text:?}: {}", String::from_utf8_lossy(&out));
+            out.extend_from_slice(&buf[..n]);
+        }
+    };
+    tokio::time::timeout(DEADLINE, read).await.unwrap_or_else(|_| panic!("{text:?} within 10 s"));
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn a_request_answered_before_its_body_was_read_leaves_the_connection_usable() {
+    let (addr, ca, shutdown, _t) = start("bmc.virtplug.test", tlsserve::Limits::default(), tlsserve::Refusal::default()).await;
+    let mut s = connect(addr, &ca, "bmc.virtplug.test", &[b"http/1.1"]).await.unwrap();
+    // The head first; the body only once the refusal has come back (a client's body can trail
+    // its head): the server must still take it and keep the connection for the next request.
+    s.write_all(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n").await.unwrap();
+    let refused = read_until(&mut s, "\r\n\r\n").await;
+    assert!(refused.starts_with("HTTP/1.1 405"), "{refused}");
+    assert!(!refused.to_ascii_lowercase().contains("connection: close"), "{refused}");
+    s.write_all(b"{}").await.unwrap();
+    let next = get_root(s).await;
+    assert!(next.starts_with("HTTP/1.1 200") && next.ends_with("hello"), "the next request on the connection: {next:?}");
+    // A body bigger than what is read after a response still ends the connection.
+    let mut s = connect(addr, &ca, "bmc.virtplug.test", &[b"http/1.1"]).await.unwrap();
+    let big = tlsserve::DRAIN_LIMIT + 1;
+    s.write_all(format!("POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: {big}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(DEADLINE, s.read_to_end(&mut out)).await.expect("closed within 10 s");
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 405"), "{}", String::from_utf8_lossy(&out));
     shutdown.cancel();
 }
 
