@@ -10,6 +10,11 @@
 //! After the update levels, the disk's own floor for one writer: 4 KiB written in place and
 //! `fdatasync`ed in turn, in the servers' directory, as syncs/s, with the share of it each server
 //! reached at one writer (how far a one-writer rate is from what the disk allows).
+//!
+//! With `--against OTHER` (another virtplug build), last: both builds serve side by side and one
+//! writer updates each in turn, one-second slices alternating (`--slices` of each), so that
+//! both see the same machine; their medians and the ratio are printed. On this VM the
+//! one-writer rate moves ±50 % between runs seconds apart, more than most changes to measure.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -43,6 +48,12 @@ struct Args {
     rounds: usize,
     #[arg(long, default_value_t = 100)]
     watchers: usize,
+    /// Another virtplug build to compare with at one writer, in alternating one-second slices.
+    #[arg(long)]
+    against: Option<PathBuf>,
+    /// One-second slices of each build with `--against`.
+    #[arg(long, default_value_t = 20)]
+    slices: usize,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -95,8 +106,11 @@ async fn virtplug_updates(client: &kube::Client, writers: usize, secs: u64) -> a
     let count = Arc::new(AtomicU64::new(0));
     // Every writer's object first, then the clock starts for all of them at once.
     let mut objects = Vec::new();
+    // A name of its own per call: `--against` measures the same writer count many times.
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
     for w in 0..writers {
-        let name = format!("bench-{writers}-{w}");
+        let name = format!("bench-{writers}-{w}-{call}");
         let created = api.create(&PostParams::default(), &vm(&name)).await?;
         objects.push((name, created.metadata.resource_version.context("rv")?));
     }
@@ -344,5 +358,42 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     println!("p50 ratio virtplug / etcd: {:.2}", percentile(&v, 0.5) / percentile(&e, 0.5));
+    if let Some(other) = &args.against {
+        // Two fresh servers: the one above still has the watch fan-out's watchers.
+        let (this_proc, this_client) = apiserver::start(&args.virtplug, &dir.path().join("this")).await?;
+        let (other_proc, other_client) = apiserver::start(other, &dir.path().join("against")).await?;
+        let pids = [this_proc.0.id(), other_proc.0.id()];
+        let mut rates = [Vec::new(), Vec::new()];
+        let mut cpu = [Vec::new(), Vec::new()];
+        for _ in 0..args.slices {
+            for (i, c) in [&this_client, &other_client].into_iter().enumerate() {
+                let c0 = cputime::cpu_seconds(pids[i])?;
+                let r = virtplug_updates(c, 1, 1).await?;
+                let c1 = cputime::cpu_seconds(pids[i])?;
+                rates[i].push(r);
+                cpu[i].push((c1 - c0) * 1e6 / r.max(1.0));
+            }
+        }
+        for v in rates.iter_mut().chain(cpu.iter_mut()) {
+            v.sort_by(f64::total_cmp);
+        }
+        println!();
+        println!("One writer, this build vs {}, {} alternating one-second slices each:", other.display(), args.slices);
+        println!();
+        println!("| build | updates/s p25 / p50 / p75 | CPU µs/update p50 |");
+        println!("|---|---:|---:|");
+        for (i, name) in [args.virtplug.display(), other.display()].iter().enumerate() {
+            let r = &rates[i];
+            println!(
+                "| {name} | {:.0} / {:.0} / {:.0} | {:.0} |",
+                percentile(r, 0.25),
+                percentile(r, 0.5),
+                percentile(r, 0.75),
+                percentile(&cpu[i], 0.5)
+            );
+        }
+        println!();
+        println!("p50 ratio this build / other: {:.2}", percentile(&rates[0], 0.5) / percentile(&rates[1], 0.5));
+    }
     Ok(())
 }
