@@ -2,8 +2,8 @@
 //! changelog for watches, and an in-memory copy of the current objects for reads.
 //!
 //! # Flow
-//! One write connection, behind a mutex, commits one batch at a time. A write that finds nothing
-//! queued and the connection free commits itself, in the caller's thread (the common case with
+//! One write connection, behind a mutex, commits one batch at a time. A write that comes alone
+//! and finds the connection free commits itself, in the caller's thread (the common case with
 //! one writer: no hand-off to another thread and back, which on this machine's paravirtualised
 //! CPUs is two wake-ups and most of an update's CPU; BENCHMARKS.md "Inline commit"). Otherwise it
 //! goes over a channel to the store's writer thread, which takes every request already queued
@@ -13,9 +13,9 @@
 //! answer each writer.
 //!
 //! An inline commit blocks the calling async task's worker for one commit (a few pwrites and an
-//! fsync: ~0.2–2 ms here); only one can run at a time (the mutex), and a write that finds the
-//! connection busy or others queued goes to the thread instead, so under load the runtime's
-//! workers are not held and writes still share fsyncs.
+//! fsync: ~0.2–2 ms here), so only a write that comes alone, after another that came alone,
+//! commits inline ([`InFlight`]); with concurrent writers every write goes to the thread, the
+//! runtime's workers are not held and writes share fsyncs as before.
 //!
 //! Each write touches as few pages as it can, since at one writer the fsync'd WAL bytes set the
 //! rate on a slow disk: the `objects` row is updated in place (an upsert; `INSERT OR REPLACE`
@@ -297,6 +297,10 @@ impl Store {
             }),
             queued: AtomicUsize::new(0),
             running: AtomicBool::new(true),
+            in_flight: AtomicUsize::new(0),
+            last_alone: AtomicBool::new(false),
+            inline_batches: AtomicUsize::new(0),
+            thread_batches: AtomicUsize::new(0),
         });
         let (exit, writer_exit) = tokio::sync::watch::channel(None);
         let thread_shared = Arc::clone(&shared);
@@ -319,16 +323,12 @@ impl Store {
         if !self.shared.running.load(Ordering::Acquire) {
             return Err(StoreError::WriterGone);
         }
+        let in_flight = InFlight::enter(&self.shared);
         let (reply, rx) = oneshot::channel();
         let write = Write { op, reply };
-        // Inline when nothing waits for the thread and the connection is free (module docs).
-        let write = match self.shared.idle_writer() {
-            Some(mut writer) => {
-                writer.commit_guarded(vec![write]);
-                None
-            }
-            None => Some(write),
-        };
+        // Inline when this write is alone, nothing waits for the thread and the connection is
+        // free (module docs).
+        let write = if in_flight.alone { self.shared.commit_if_idle(write) } else { Some(write) };
         if let Some(write) = write {
             self.shared.queued.fetch_add(1, Ordering::AcqRel);
             if self.writer.send(write).is_err() {
@@ -336,7 +336,9 @@ impl Store {
                 return Err(StoreError::WriterGone);
             }
         }
-        rx.await.map_err(|_| StoreError::WriterGone)?
+        let answer = rx.await.map_err(|_| StoreError::WriterGone)?;
+        drop(in_flight);
+        answer
     }
 
     /// The current object at `key`.
@@ -453,6 +455,37 @@ struct Shared {
     queued: AtomicUsize,
     /// False once the writer thread has stopped: writes are refused from then on.
     running: AtomicBool,
+    /// Writes inside [`Store::write`] ([`InFlight`]).
+    in_flight: AtomicUsize,
+    /// Whether the latest write to come found no other in flight.
+    last_alone: AtomicBool,
+    /// Batches committed inline and by the thread (tests look at them).
+    inline_batches: AtomicUsize,
+    thread_batches: AtomicUsize,
+}
+
+/// A write between its entry to [`Store::write`] and its answer (dropped with a cancelled one).
+struct InFlight<'a> {
+    shared: &'a Shared,
+    /// No other write was in flight when this one came, nor when the one before it came: one
+    /// writer at a time. With concurrent writers an inline commit would hold a runtime worker
+    /// through its fsync while the others' requests wait for it (8 writers: −10 % updates/s
+    /// when every lone arrival went inline), so they all go to the thread.
+    alone: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(shared: &'a Shared) -> Self {
+        let alone = shared.in_flight.fetch_add(1, Ordering::AcqRel) == 0;
+        let before = shared.last_alone.swap(alone, Ordering::AcqRel);
+        InFlight { shared, alone: alone && before }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Shared {
@@ -470,6 +503,17 @@ impl Shared {
         }
     }
 
+    /// Commits `write` here and now if the connection is idle ([`Shared::idle_writer`]);
+    /// otherwise gives it back.
+    fn commit_if_idle(&self, write: Write) -> Option<Write> {
+        let Some(mut writer) = self.idle_writer() else { return Some(write) };
+        self.inline_batches.fetch_add(1, Ordering::Relaxed);
+        let answers = writer.commit_guarded(vec![write]);
+        drop(writer);
+        answer(answers);
+        None
+    }
+
     /// The writer thread: every request already queued is one batch (group commit).
     fn run(&self, rx: &mpsc::Receiver<Write>) {
         while let Ok(first) = rx.recv() {
@@ -481,8 +525,21 @@ impl Shared {
                 }
             }
             self.queued.fetch_sub(batch.len(), Ordering::AcqRel);
-            self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).commit_guarded(batch);
+            self.thread_batches.fetch_add(1, Ordering::Relaxed);
+            let answers = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).commit_guarded(batch);
+            // After the lock is released: an answered writer's next write may find it free.
+            answer(answers);
         }
+    }
+}
+
+/// The answers of a batch, sent once the connection's lock is released.
+type Answers = Vec<(oneshot::Sender<Result<Event, StoreError>>, Result<Event, StoreError>)>;
+
+/// Sends a batch's answers (a writer that went away meanwhile is no error).
+fn answer(answers: Answers) {
+    for (reply, result) in answers {
+        let _ = reply.send(result);
     }
 }
 
@@ -502,13 +559,15 @@ impl Writer {
     /// Commits `batch`. A panic fails this batch (its writers' replies are dropped: they get
     /// `WriterGone`) and the store goes on with the next: it must keep serving. State is only
     /// replaced after a commit, so it stays what the database holds.
-    fn commit_guarded(&mut self, batch: Vec<Write>) {
-        if catch_unwind(AssertUnwindSafe(|| self.commit(batch))).is_err() {
+    fn commit_guarded(&mut self, batch: Vec<Write>) -> Answers {
+        catch_unwind(AssertUnwindSafe(|| self.commit(batch))).unwrap_or_else(|_| {
             tracing::error!("the store's writer panicked on a batch of writes; they were refused, the store keeps serving");
-        }
+            Vec::new()
+        })
     }
 
-    fn commit(&mut self, batch: Vec<Write>) {
+    fn commit(&mut self, batch: Vec<Write>) -> Answers {
+        let mut answers = Answers::new();
         let mut revision = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner).revision;
         // Decide every request against the current state plus earlier requests in this batch.
         let mut overlay: HashMap<String, Option<Stored>> = HashMap::new();
@@ -542,7 +601,7 @@ impl Writer {
             };
             match decided {
                 Err(e) => {
-                    let _ = w.reply.send(Err(e));
+                    answers.push((w.reply, Err(e)));
                 }
                 Ok((kind, mut object)) => {
                     revision += 1;
@@ -557,13 +616,13 @@ impl Writer {
             }
         }
         if accepted.is_empty() {
-            return;
+            return answers;
         }
         if let Err(refused) = self.store_batch(&accepted, revision) {
             for (_, reply) in accepted {
-                let _ = reply.send(Err(refused.error(&self.path)));
+                answers.push((reply, Err(refused.error(&self.path))));
             }
-            return;
+            return answers;
         }
         let mut st = self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (event, _) in &accepted {
@@ -591,8 +650,9 @@ impl Writer {
         }
         drop(st);
         for (event, reply) in accepted {
-            let _ = reply.send(Ok(event));
+            answers.push((reply, Ok(event)));
         }
+        answers
     }
 
     /// Checks the free space, then writes the batch in one transaction. On any failure nothing
@@ -689,16 +749,22 @@ mod tests {
         assert_eq!(backlog.iter().map(|e| (e.rv, e.kind)).collect::<Vec<_>>(), [(2, EventType::Added), (3, EventType::Deleted)]);
     }
 
-    /// Writers racing on one key and on their own, on two worker threads: some commit inline,
-    /// some through the writer thread (whichever finds the connection busy). Every acknowledged
-    /// compare-and-swap counted once, none lost, revisions gapless, all of it on disk.
+    /// A lone writer commits inline; then writers racing on one key and on their own, on two
+    /// worker threads, go through the writer thread. Every acknowledged compare-and-swap counted
+    /// once, none lost, revisions gapless across both paths, all of it on disk.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn racing_writers_inline_and_through_the_thread_lose_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         let s = Store::open(&path, &StoreConfig::default()).unwrap();
         let counter = |n: u64| json!({"metadata": {"name": "c"}, "n": n});
-        s.write(Op::Create { key: "c".into(), object: counter(0) }).await.unwrap();
+        // One writer at a time: inline from the second write on.
+        let mut rv = s.write(Op::Create { key: "c".into(), object: counter(0) }).await.unwrap().rv;
+        for _ in 0..3 {
+            rv = s.write(Op::Update { key: "c".into(), expected: rv, object: counter(0) }).await.unwrap().rv;
+        }
+        assert_eq!(s.shared.inline_batches.load(Ordering::Relaxed), 3, "a lone writer commits inline, after its first write");
+        let threaded = s.shared.thread_batches.load(Ordering::Relaxed);
         let (writers, each) = (16_u64, 25_u64);
         let mut tasks = Vec::new();
         for w in 0..writers {
@@ -726,7 +792,8 @@ mod tests {
         for t in tasks {
             conflicts += t.await.unwrap();
         }
-        let total = 1 + writers * (1 + 2 * each);
+        assert!(s.shared.thread_batches.load(Ordering::Relaxed) > threaded, "racing writers go through the thread");
+        let total = 4 + writers * (1 + 2 * each);
         assert_eq!(s.revision(), total, "one revision per acknowledged write");
         assert_eq!(s.get("c").unwrap().object.value()["n"], writers * each, "no increment lost ({conflicts} conflicts retried)");
         let (backlog, _) = s.watch(0).unwrap();
