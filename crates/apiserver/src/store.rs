@@ -5,9 +5,9 @@
 //! One write connection, behind a mutex, commits one batch at a time. A write that comes alone
 //! and finds the connection free commits itself, in the caller's thread (the common case with
 //! one writer: no hand-off to another thread and back, which on this machine's paravirtualised
-//! CPUs is two wake-ups and most of an update's CPU; BENCHMARKS.md "Inline commit"). Otherwise it
-//! goes over a channel to the store's writer thread, which takes every request already queued
-//! (group commit). Either way a batch is: check each compare-and-swap against the current state
+//! CPUs is two wake-ups and most of an update's CPU; BENCHMARKS.md "a lone writer commits in its
+//! own thread"). Otherwise it goes over a channel to the store's writer thread, which takes every
+//! request already queued (group commit). Either way a batch is: check each compare-and-swap against the current state
 //! plus the earlier requests of the same batch, apply all that pass in one transaction, commit
 //! (fsync), then update the in-memory state, append to the changelog, broadcast the events and
 //! answer each writer.
