@@ -36,9 +36,11 @@
 //!   [`space`]), and a batch SQLite cannot write (`SQLITE_FULL`) is rolled back whole and refused
 //!   ([`StoreError::Full`]). Reads and watches are served from memory throughout, and the next
 //!   write after space returns goes through, without a restart.
-//! - The writer outlives every failed batch (an error or even a panic answers that batch's
-//!   writers and the next batch goes on), inline or on the thread. Once the thread has stopped
-//!   (a panic outside a batch) every write is refused with `WriterGone`, inline ones too.
+//! - The writer outlives every failed batch (an error answers that batch's writers with it; a
+//!   panic answers those it had decided and the rest with `WriterGone`; the next batch goes
+//!   on), inline or on the thread. Once the thread has stopped (a panic outside a batch) writes
+//!   are refused with `WriterGone`, inline ones too (from the moment the stop is seen; the
+//!   server exits on it).
 //!
 //! # Caveats
 //! Lists are served from the current state: a list at an older revision is not possible
@@ -317,8 +319,9 @@ impl Store {
     /// Applies one compare-and-swap write and returns its event once it is durable.
     ///
     /// # Errors
-    /// `Exists`, `NotFound`, `Conflict` when the precondition fails; `Sqlite` when the commit
-    /// failed (nothing of it is stored); `WriterGone` after shutdown.
+    /// `Exists`, `NotFound`, `Conflict` when the precondition fails; `Commit`, `Full` or
+    /// `NoSpace` when the commit failed or was refused (nothing of it is stored); `WriterGone`
+    /// after shutdown or when the batch panicked.
     pub async fn write(&self, op: Op) -> Result<Event, StoreError> {
         if !self.shared.running.load(Ordering::Acquire) {
             return Err(StoreError::WriterGone);
@@ -423,7 +426,7 @@ impl Store {
     }
 
     fn read(&self) -> RwLockReadGuard<'_, State> {
-        // A writer that panicked leaves consistent data: the state is replaced whole per batch.
+        // A writer that panicked leaves the data as consistent as it got (see `Writer::commit`).
         self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
@@ -489,8 +492,9 @@ impl Drop for InFlight<'_> {
 }
 
 impl Shared {
-    /// The connection, if a write may commit inline now: nothing queued for the thread (which
-    /// would otherwise be overtaken) and no batch being committed.
+    /// The connection, if a write may commit inline now: nothing queued for the thread and no
+    /// batch being committed. (A batch the thread has taken but not yet locked may be overtaken:
+    /// its writes and this one are concurrent, none answered yet.)
     fn idle_writer(&self) -> Option<MutexGuard<'_, Writer>> {
         if self.queued.load(Ordering::Acquire) != 0 {
             return None;
@@ -556,18 +560,19 @@ struct Writer {
 const MAX_BATCH: usize = 512;
 
 impl Writer {
-    /// Commits `batch`. A panic fails this batch (its writers' replies are dropped: they get
+    /// Commits `batch` and returns its answers. A panic fails the rest of this batch (the
+    /// answers decided before it are kept, the other writers' replies are dropped: they get
     /// `WriterGone`) and the store goes on with the next: it must keep serving. State is only
-    /// replaced after a commit, so it stays what the database holds.
+    /// changed after a commit, so it stays what the database holds.
     fn commit_guarded(&mut self, batch: Vec<Write>) -> Answers {
-        catch_unwind(AssertUnwindSafe(|| self.commit(batch))).unwrap_or_else(|_| {
+        let mut answers = Answers::new();
+        if catch_unwind(AssertUnwindSafe(|| self.commit(batch, &mut answers))).is_err() {
             tracing::error!("the store's writer panicked on a batch of writes; they were refused, the store keeps serving");
-            Vec::new()
-        })
+        }
+        answers
     }
 
-    fn commit(&mut self, batch: Vec<Write>) -> Answers {
-        let mut answers = Answers::new();
+    fn commit(&mut self, batch: Vec<Write>, answers: &mut Answers) {
         let mut revision = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner).revision;
         // Decide every request against the current state plus earlier requests in this batch.
         let mut overlay: HashMap<String, Option<Stored>> = HashMap::new();
@@ -616,15 +621,19 @@ impl Writer {
             }
         }
         if accepted.is_empty() {
-            return answers;
+            return;
         }
         if let Err(refused) = self.store_batch(&accepted, revision) {
             for (_, reply) in accepted {
                 answers.push((reply, Err(refused.error(&self.path))));
             }
-            return answers;
+            return;
         }
         let mut st = self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The committed revision first: should anything below panic (a subscription's filter),
+        // later batches still number after what the database holds, instead of failing on a
+        // revision it has.
+        st.revision = revision;
         for (event, _) in &accepted {
             match event.kind {
                 EventType::Deleted => {
@@ -642,7 +651,6 @@ impl Writer {
             }
         }
         st.subscriptions.retain(|s| s.tx.receiver_count() > 0);
-        st.revision = revision;
         while st.log.len() > self.window {
             if let Some(e) = st.log.pop_front() {
                 st.oldest = e.rv;
@@ -652,7 +660,6 @@ impl Writer {
         for (event, reply) in accepted {
             answers.push((reply, Ok(event)));
         }
-        answers
     }
 
     /// Checks the free space, then writes the batch in one transaction. On any failure nothing
