@@ -7,10 +7,10 @@
 //! one writer: no hand-off to another thread and back, which on this machine's paravirtualised
 //! CPUs is two wake-ups and most of an update's CPU; BENCHMARKS.md "a lone writer commits in its
 //! own thread"). Otherwise it goes over a channel to the store's writer thread, which takes every
-//! request already queued (group commit). Either way a batch is: check each compare-and-swap against the current state
-//! plus the earlier requests of the same batch, apply all that pass in one transaction, commit
-//! (fsync), then update the in-memory state, append to the changelog, broadcast the events and
-//! answer each writer.
+//! request already queued (group commit). Either way a batch is: check each compare-and-swap
+//! against the current state plus the earlier requests of the same batch, apply all that pass in
+//! one transaction, commit (fsync), then update the in-memory state, append to the changelog,
+//! broadcast the events and answer each writer.
 //!
 //! An inline commit blocks the calling async task's worker for one commit (a few pwrites and an
 //! fsync: ~0.2–2 ms here), so only a write that comes alone, after another that came alone,
@@ -50,7 +50,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, TryLockError};
+use std::sync::{mpsc, Arc, Mutex, RwLock, RwLockReadGuard, TryLockError};
 use std::thread;
 
 use rusqlite::{params, Connection, OptionalExtension};
@@ -297,8 +297,6 @@ impl Store {
                 window: config.watch_window,
                 space: space::Space::new(path, config.reserve),
             }),
-            queued: AtomicUsize::new(0),
-            running: AtomicBool::new(true),
             in_flight: AtomicUsize::new(0),
             last_alone: AtomicBool::new(false),
             inline_batches: AtomicUsize::new(0),
@@ -308,10 +306,7 @@ impl Store {
         let thread_shared = Arc::clone(&shared);
         thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || {
-                crate::health::supervise_thread(crate::health::STORE_WRITER, &exit, || Shared::run(&thread_shared, &rx));
-                thread_shared.running.store(false, Ordering::Release);
-            })
+            .spawn(move || crate::health::supervise_thread(crate::health::STORE_WRITER, &exit, || Shared::run(&thread_shared, &rx)))
             .map_err(StoreError::Thread)?;
         Ok(Store { state, writer: tx, shared, events, capacity: config.broadcast_capacity, writer_exit })
     }
@@ -323,21 +318,17 @@ impl Store {
     /// `NoSpace` when the commit failed or was refused (nothing of it is stored); `WriterGone`
     /// after shutdown or when the batch panicked.
     pub async fn write(&self, op: Op) -> Result<Event, StoreError> {
-        if !self.shared.running.load(Ordering::Acquire) {
+        // Once the thread has stopped, nothing is written inline either.
+        if self.writer_exit.borrow().is_some() {
             return Err(StoreError::WriterGone);
         }
         let in_flight = InFlight::enter(&self.shared);
         let (reply, rx) = oneshot::channel();
         let write = Write { op, reply };
-        // Inline when this write is alone, nothing waits for the thread and the connection is
-        // free (module docs).
+        // Inline when this write is alone and the connection is free (module docs).
         let write = if in_flight.alone { self.shared.commit_if_idle(write) } else { Some(write) };
         if let Some(write) = write {
-            self.shared.queued.fetch_add(1, Ordering::AcqRel);
-            if self.writer.send(write).is_err() {
-                self.shared.queued.fetch_sub(1, Ordering::AcqRel);
-                return Err(StoreError::WriterGone);
-            }
+            self.writer.send(write).map_err(|_| StoreError::WriterGone)?;
         }
         let answer = rx.await.map_err(|_| StoreError::WriterGone)?;
         drop(in_flight);
@@ -454,10 +445,6 @@ impl Refused {
 /// The write connection, shared by the writer thread and inline commits ([`Store::write`]).
 struct Shared {
     writer: Mutex<Writer>,
-    /// Writes sent to the thread and not yet taken into a batch by it.
-    queued: AtomicUsize,
-    /// False once the writer thread has stopped: writes are refused from then on.
-    running: AtomicBool,
     /// Writes inside [`Store::write`] ([`InFlight`]).
     in_flight: AtomicUsize,
     /// Whether the latest write to come found no other in flight.
@@ -471,7 +458,9 @@ struct Shared {
 struct InFlight<'a> {
     shared: &'a Shared,
     /// No other write was in flight when this one came, nor when the one before it came: one
-    /// writer at a time. With concurrent writers an inline commit would hold a runtime worker
+    /// writer at a time (and nothing queued for the thread: a queued write is in flight).
+    /// A cancelled caller's write may still sit in the queue and be overtaken: it was never
+    /// answered, so no order was promised. With concurrent writers an inline commit would hold a runtime worker
     /// through its fsync while the others' requests wait for it (8 writers: −10 % updates/s
     /// when every lone arrival went inline), so they all go to the thread.
     alone: bool,
@@ -492,25 +481,15 @@ impl Drop for InFlight<'_> {
 }
 
 impl Shared {
-    /// The connection, if a write may commit inline now: nothing queued for the thread and no
-    /// batch being committed. (A batch the thread has taken but not yet locked may be overtaken:
-    /// its writes and this one are concurrent, none answered yet.)
-    fn idle_writer(&self) -> Option<MutexGuard<'_, Writer>> {
-        if self.queued.load(Ordering::Acquire) != 0 {
-            return None;
-        }
-        match self.writer.try_lock() {
-            Ok(w) => Some(w),
-            // A batch that panicked is answered and leaves the state consistent (see `commit`).
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
-
-    /// Commits `write` here and now if the connection is idle ([`Shared::idle_writer`]);
-    /// otherwise gives it back.
+    /// Commits `write` here and now if no batch is being committed; otherwise gives it back.
     fn commit_if_idle(&self, write: Write) -> Option<Write> {
-        let Some(mut writer) = self.idle_writer() else { return Some(write) };
+        let mut writer = match self.writer.try_lock() {
+            Ok(w) => w,
+            // `commit_guarded` catches a batch's panic inside the lock; a poisoned lock is still
+            // a consistent connection.
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Some(write),
+        };
         self.inline_batches.fetch_add(1, Ordering::Relaxed);
         let answers = writer.commit_guarded(vec![write]);
         drop(writer);
@@ -528,7 +507,6 @@ impl Shared {
                     Err(_) => break,
                 }
             }
-            self.queued.fetch_sub(batch.len(), Ordering::AcqRel);
             self.thread_batches.fetch_add(1, Ordering::Relaxed);
             let answers = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).commit_guarded(batch);
             // After the lock is released: an answered writer's next write may find it free.
