@@ -121,13 +121,19 @@ impl VolumeStatus {
     /// per-phase latency can be measured; KubeVirt keeps these per VMI only). No change, no
     /// new timestamp.
     pub fn transition(&mut self, phase: VolumePhase, reason: VolumeReason, message: &str) {
+        self.transition_at(phase, reason, message, jiff::Timestamp::now());
+    }
+
+    /// [`VolumeStatus::transition`], stamped `at` (when the phase was reached, which a writer
+    /// that queues its writes knows better than the moment the write is made).
+    pub fn transition_at(&mut self, phase: VolumePhase, reason: VolumeReason, message: &str, at: jiff::Timestamp) {
         if self.phase.as_ref() == Some(&phase) && self.reason.as_ref() == Some(&reason) && self.message.as_deref() == Some(message) {
             return;
         }
         if self.phase.as_ref() != Some(&phase) {
             let stamps = self.extra.entry("phaseTransitionTimestamps".to_owned()).or_insert_with(|| Value::Array(Vec::new()));
             if let Some(a) = stamps.as_array_mut() {
-                let at = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
+                let at = at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
                 a.push(serde_json::json!({"phase": phase.as_str(), "phaseTransitionTimestamp": at}));
             }
         }

@@ -1,6 +1,7 @@
 //! The attach side of a pass: every source opened, then staged (bind-mount mode: first mounted
 //! in QEMU's namespace), then plugged or inserted — each step for all volumes before the next, so
-//! that each phase is one status write, sent while QEMU works on the next step.
+//! that each phase is one status write, queued for the pass's writer while QEMU works on the
+//! next step (QMP never waits for a status write).
 //!
 //! Attach: claim ready → open the source (`AttachedToNode`) → `add-fd` + `blockdev-add`
 //! ([`qemu::Machine::stage_with`], against the pass's inventory: QEMU holds the block node,
@@ -73,10 +74,9 @@ impl<E: Effects> Pass<'_, E> {
             .iter()
             .map(|(g, o)| Change::reached(&g.a.volume, VolumePhase::AttachedToNode, format!("opened {}", o.path.display())))
             .collect();
-        // The `AttachedToNode` write goes out while the volumes are staged, not before: it is off
-        // the hot-plug's critical path. Writes of one object queue in order on its lock (FIFO),
-        // and this one is polled first, so `MountedToPod` still lands after it.
-        let ((), staging) = tokio::join!(self.write(to_node), self.stage_all(opened));
+        // Queued: the writer sends it while the volumes are staged and plugged.
+        self.write(to_node);
+        let staging = self.stage_all(opened).await;
         failed.extend(staging.failed);
         let in_qemu = match self.bind {
             Some(_) => Vec::new(),
@@ -90,7 +90,8 @@ impl<E: Effects> Pass<'_, E> {
                 })
                 .collect(),
         };
-        let ((), plugged) = tokio::join!(self.write(in_qemu), self.plug_all(staging.staged));
+        self.write(in_qemu);
+        let plugged = self.plug_all(staging.staged).await;
         let mut in_place = staging.in_place;
         for (going, r) in plugged {
             match r {
@@ -111,7 +112,7 @@ impl<E: Effects> Pass<'_, E> {
         for f in failed {
             self.report(f, &mut last).await;
         }
-        self.write(last).await;
+        self.write(last);
     }
 
     /// Opens every source, in turn.
@@ -155,7 +156,7 @@ impl<E: Effects> Pass<'_, E> {
                 Err(error) => out.failed.push(Failed { going, error, reached: Some(VolumePhase::AttachedToNode) }),
             }
         }
-        self.write(mounted).await;
+        self.write(mounted);
         // What a failure here leaves: the target (bind-mount mode) or the open source.
         let reached = if self.bind.is_some() { VolumePhase::MountedToPod } else { VolumePhase::AttachedToNode };
         for (going, source) in sources {
@@ -206,7 +207,7 @@ impl<E: Effects> Pass<'_, E> {
         let r = self.volumes.failed(&failure, Instant::now(), self.backoff.deadline);
         volume_span(volume).in_scope(|| tracing::debug!(attempts = r.attempts, "waiting: {}", f.error));
         if let Some(message) = r.event {
-            self.effects.event(EventReason::HotplugFailed, message).await;
+            self.event(EventReason::HotplugFailed, message).await;
         }
         last.extend(r.change);
         self.retry_within(self.backoff.delay(r.attempts));

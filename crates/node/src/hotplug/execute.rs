@@ -15,10 +15,17 @@
 //! # Guarantees
 //! Status changes are written in batches — one write (and one watch event for every watcher)
 //! per step of the pass, not one per volume and step: with many volumes and VMs the writes, not
-//! QMP, were the cost. Every log line about a volume is in its `volume` span.
+//! QMP, were the cost. The writes go out in order from the pass's writer, beside the QMP work,
+//! which never waits for them: a status write is two round trips to the API server and a
+//! commit, longer than a QMP step, and it used to hold the `device_add` of a hot-plug back. An
+//! Event waits for the writes queued before it (its volume's status says what the Event
+//! reports, as in KubeVirt), and the pass ends when its last write has returned. Every log line
+//! about a volume is in its `volume` span.
 
 use std::time::{Duration, Instant};
 
+use futures::channel::mpsc;
+use futures::StreamExt;
 use tracing::Instrument;
 
 use api::kubevirt::VirtualMachineInstanceStatus;
@@ -61,15 +68,51 @@ pub(super) struct Pass<'a, E: Effects> {
     /// Bind-mount mode: the volumes QEMU holds at the end of the pass (their targets stay).
     held: Vec<String>,
     retry: Option<Duration>,
+    /// The status writes, in order, to the pass's writer ([`Pass::run`]).
+    writes: mpsc::UnboundedSender<Queued>,
+    /// The writer's end, until [`Pass::run`] takes it.
+    written: Option<mpsc::UnboundedReceiver<Queued>>,
+}
+
+/// What the pass's writer is given, in order.
+enum Queued {
+    /// One status write.
+    Write(Vec<Change>),
+    /// Answered once everything queued before it is written.
+    Flush(futures::channel::oneshot::Sender<()>),
 }
 
 impl<'a, E: Effects> Pass<'a, E> {
     pub fn new(machine: &'a Machine, inventory: &'a Inventory, effects: &'a E, volumes: &'a mut Volumes, backoff: Backoff) -> Self {
-        Pass { machine, inventory, bind: None, effects, volumes, backoff, status: None, held: Vec::new(), retry: None }
+        let (writes, written) = mpsc::unbounded();
+        let (held, retry, written) = (Vec::new(), None, Some(written));
+        Pass { machine, inventory, bind: None, effects, volumes, backoff, status: None, held, retry, writes, written }
     }
 
-    /// Runs `steps`; returns when to retry if something waits.
+    /// Runs `steps`, its status writes beside them, in order; returns when to retry if
+    /// something waits, once the last write has returned.
     pub async fn run(mut self, steps: Vec<Step>) -> Option<Duration> {
+        let effects = self.effects;
+        let written = self.written.take();
+        // One write at a time, in the order they were queued; it ends when the pass (which
+        // holds the sender) is done and everything queued is written.
+        let writer = async move {
+            if let Some(w) = written {
+                w.for_each(|q| async move {
+                    match q {
+                        Queued::Write(changes) => effects.write(changes).await,
+                        // The pass may have stopped waiting: nothing to tell it then.
+                        Queued::Flush(done) => drop(done.send(())),
+                    }
+                })
+                .await;
+            }
+        };
+        let ((), retry) = tokio::join!(writer, self.steps(steps));
+        retry
+    }
+
+    async fn steps(mut self, steps: Vec<Step>) -> Option<Duration> {
         let mut by_kind = ByKind::default();
         for step in steps {
             match step {
@@ -110,19 +153,29 @@ impl<'a, E: Effects> Pass<'a, E> {
         self.retry = Some(self.retry.map_or(d, |r| r.min(d)));
     }
 
-    /// Writes one batch; nothing for an empty one.
-    pub(super) async fn write(&self, changes: Vec<Change>) {
+    /// Queues one batch for the pass's writer (nothing for an empty one): it is written after
+    /// every batch queued before it, while the pass goes on.
+    pub(super) fn write(&self, changes: Vec<Change>) {
         if !changes.is_empty() {
-            self.effects.write(changes).await;
+            // The writer's end lives as long as the pass (`run` joins it with the steps).
+            let _ = self.writes.unbounded_send(Queued::Write(changes));
         }
     }
 
-    /// Unplugs the devices of `volumes`: `Detaching` for all in one write, sent while QMP
-    /// unplugs them in turn (the write is not on the unplug's critical path; writes of one
-    /// object queue in order on its lock, and the removal below is sent after it returned),
-    /// then the Events, then the entries removed in one write.
+    /// Raises an Event on the VMI once the writes queued before it have returned.
+    pub(super) async fn event(&self, reason: EventReason, message: String) {
+        let (done, flushed) = futures::channel::oneshot::channel();
+        if self.writes.unbounded_send(Queued::Flush(done)).is_ok() {
+            let _ = flushed.await;
+        }
+        self.effects.event(reason, message).await;
+    }
+
+    /// Unplugs the devices of `volumes`: `Detaching` for all in one write, queued before QMP
+    /// unplugs them in turn, then the Events (raised once QEMU confirmed), then the entries
+    /// removed in one write.
     async fn detach(&mut self, volumes: Vec<String>) {
-        let detaching = volumes.iter().map(|v| Change::detaching(v, "unplugging")).collect();
+        self.write(volumes.iter().map(|v| Change::detaching(v, "unplugging")).collect());
         let machine = self.machine;
         let unplug = async {
             let mut out = Vec::with_capacity(volumes.len());
@@ -135,7 +188,7 @@ impl<'a, E: Effects> Pass<'a, E> {
             }
             out
         };
-        let ((), unplugged) = tokio::join!(self.write(detaching), unplug);
+        let unplugged = unplug.await;
         let (mut gone, mut changes) = (Vec::new(), Vec::new());
         for (volume, span, detached) in unplugged {
             match detached {
@@ -152,23 +205,23 @@ impl<'a, E: Effects> Pass<'a, E> {
             }
         }
         // The Events first (whoever waits for an entry to go then finds its Event), concurrently.
-        let events = gone.iter().map(|v| self.effects.event(EventReason::VolumeUnplugged, format!("volume {v} unplugged")));
+        let events = gone.iter().map(|v| self.event(EventReason::VolumeUnplugged, format!("volume {v} unplugged")));
         futures::future::join_all(events).await;
         changes.extend(gone.into_iter().map(Change::Remove));
-        self.write(changes).await;
+        self.write(changes);
     }
 
     /// Ejects medium `node` from `drive`; `volume` is its entry (`Detaching` written while QEMU
     /// ejects, as for an unplug).
     async fn eject(&mut self, drive: String, node: &str, volume: Option<String>) {
-        let detaching = volume.iter().map(|v| Change::detaching(v, "ejecting")).collect();
-        let ((), ejected) = tokio::join!(self.write(detaching), self.machine.eject(&drive));
+        self.write(volume.iter().map(|v| Change::detaching(v, "ejecting")).collect());
+        let ejected = self.machine.eject(&drive).await;
         match ejected {
             Ok(()) => {
                 let what = volume.as_deref().unwrap_or(node);
-                self.effects.event(EventReason::VolumeUnplugged, format!("medium {what} ejected from {drive}")).await;
+                self.event(EventReason::VolumeUnplugged, format!("medium {what} ejected from {drive}")).await;
                 if let Some(v) = volume {
-                    self.write(vec![Change::Remove(v)]).await;
+                    self.write(vec![Change::Remove(v)]);
                 }
             }
             Err(e) => {
@@ -215,6 +268,6 @@ impl<'a, E: Effects> Pass<'a, E> {
         for v in &volumes {
             self.volumes.forget(v);
         }
-        self.write(volumes.into_iter().map(Change::Remove).collect()).await;
+        self.write(volumes.into_iter().map(Change::Remove).collect());
     }
 }

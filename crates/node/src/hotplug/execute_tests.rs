@@ -35,11 +35,13 @@ struct Recorded {
     dir: tempfile::TempDir,
     not_ready: Vec<String>,
     did: Mutex<Vec<Did>>,
+    /// When set, each write first takes a permit (a write the test holds back: a slow API).
+    gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Recorded {
     fn new() -> Recorded {
-        Recorded { dir: tempfile::tempdir().unwrap(), not_ready: Vec::new(), did: Mutex::default() }
+        Recorded { dir: tempfile::tempdir().unwrap(), not_ready: Vec::new(), did: Mutex::default(), gate: None }
     }
 
     fn did(&self) -> Vec<Did> {
@@ -74,6 +76,9 @@ impl Effects for Recorded {
     }
 
     async fn write(&self, changes: Vec<Change>) {
+        if let Some(gate) = &self.gate {
+            gate.acquire().await.unwrap().forget();
+        }
         self.did.lock().unwrap().push(Did::Wrote(changes));
     }
 
@@ -129,6 +134,32 @@ async fn disks_are_staged_from_the_passs_inventory_and_each_phase_is_one_write_f
             w(&[("a", "Ready"), ("b", "Ready")])
         ]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn qemu_is_not_kept_waiting_by_a_slow_status_write_and_the_writes_keep_their_order() {
+    let (fake, m) = qemu();
+    let mut effects = Recorded::new();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    effects.gate = Some(Arc::clone(&gate));
+    // The API holds every write back until QEMU got the `device_add` (time is the test's: the
+    // deadline passes at once if nothing else can happen).
+    let api = async {
+        let plugged = || fake.commands().iter().any(|c| c == "device_add");
+        let waited = tokio::time::timeout(Duration::from_secs(5), async {
+            while !plugged() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "device_add never went out while the AttachedToNode write was held: {:?}", fake.commands());
+        assert!(effects.writes().is_empty(), "no write had returned yet");
+        gate.add_permits(3);
+    };
+    let held = Inventory::default();
+    let (retry, ()) = tokio::join!(run(&m, &held, &effects, None, vec![disk("a")]), api);
+    assert_eq!(retry, None);
+    assert_eq!(effects.writes(), [w(&[("a", "AttachedToNode")]), w(&[("a", "MountedToPod")]), w(&[("a", "Ready")])]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -5,18 +5,35 @@ use api::kubevirt::VirtualMachineInstanceStatus;
 use api::phases::{VolumePhase, VolumeReason};
 
 /// One change to a `volumeStatus` entry.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Change {
-    /// The entry of `volume` (created when absent) moves to `phase`, `reason` and `message`.
-    Set { volume: String, phase: VolumePhase, reason: VolumeReason, message: String },
+    /// The entry of `volume` (created when absent) moves to `phase`, `reason` and `message`;
+    /// `at` is when the agent got there (the write, queued, may go out later): its
+    /// `phaseTransitionTimestamps` entry.
+    Set { volume: String, phase: VolumePhase, reason: VolumeReason, message: String, at: jiff::Timestamp },
     /// The entry of `volume` goes (its unplug is confirmed, or it was removed while it waited).
     Remove(String),
 }
 
+/// Two changes are equal when they make the same change; when they were made is not compared.
+impl PartialEq for Change {
+    fn eq(&self, other: &Change) -> bool {
+        match (self, other) {
+            (Change::Set { volume, phase, reason, message, at: _ }, Change::Set { volume: v, phase: p, reason: r, message: m, at: _ }) => {
+                (volume, phase, reason, message) == (v, p, r, m)
+            }
+            (Change::Remove(a), Change::Remove(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Change {}
+
 impl Change {
     /// `volume` reached `phase`, with the reason KubeVirt pairs with it.
     pub fn reached(volume: &str, phase: VolumePhase, message: impl Into<String>) -> Change {
-        Change::Set { volume: volume.to_owned(), reason: phase.reason(), phase, message: message.into() }
+        Change::Set { volume: volume.to_owned(), reason: phase.reason(), phase, message: message.into(), at: jiff::Timestamp::now() }
     }
 
     /// The volume is in QEMU (KubeVirt's reason and message).
@@ -38,13 +55,13 @@ impl Change {
 pub fn apply(status: &mut VirtualMachineInstanceStatus, changes: &[Change]) {
     for c in changes {
         match c {
-            Change::Set { volume, phase, reason, message } => {
+            Change::Set { volume, phase, reason, message, at } => {
                 let created = status.volume(volume).is_none();
                 let e = status.volume_entry(volume);
                 if created && matches!(phase, VolumePhase::AttachedToNode | VolumePhase::MountedToPod | VolumePhase::Ready) {
-                    e.transition(VolumePhase::Bound, VolumeReason::PvcBound, "the claim is bound (seen by the node agent)");
+                    e.transition_at(VolumePhase::Bound, VolumeReason::PvcBound, "the claim is bound (seen by the node agent)", *at);
                 }
-                e.transition(phase.clone(), reason.clone(), message);
+                e.transition_at(phase.clone(), reason.clone(), message, *at);
             }
             Change::Remove(volume) => status.volume_status.retain(|e| &e.name != volume),
         }
@@ -75,6 +92,20 @@ mod tests {
         // Detaching an entry nobody wrote says nothing about its claim.
         apply(&mut s, &[Change::detaching("b", "unplugging")]);
         assert_eq!(phases(&s, "b"), ["Detaching"]);
+    }
+
+    #[test]
+    fn a_phase_is_stamped_when_it_was_reached_not_when_it_is_written() {
+        let mut s = VirtualMachineInstanceStatus::default();
+        let mut c = Change::ready("a");
+        let at: jiff::Timestamp = "2026-12-03T12:00:00.125Z".parse().expect("a timestamp");
+        if let Change::Set { at: when, .. } = &mut c {
+            *when = at;
+        }
+        apply(&mut s, &[c]);
+        let e = s.volume("a").expect("the entry");
+        assert_eq!(e.entered(&VolumePhase::Ready), Some(at));
+        assert_eq!(e.entered(&VolumePhase::Bound), Some(at), "the Bound the agent records for an entry it creates");
     }
 
     #[test]
