@@ -125,7 +125,10 @@ impl VolumeStatus {
     }
 
     /// [`VolumeStatus::transition`], stamped `at` (when the phase was reached, which a writer
-    /// that queues its writes knows better than the moment the write is made).
+    /// that queues its writes knows better than the moment the write is made) — or at the
+    /// entry's last stamp, if that is later: another writer's phase written in between (the
+    /// controller's `Bound` landing while the agent's `AttachedToNode` waited in its queue)
+    /// keeps the timeline in the order of its phases.
     pub fn transition_at(&mut self, phase: VolumePhase, reason: VolumeReason, message: &str, at: jiff::Timestamp) {
         if self.phase.as_ref() == Some(&phase) && self.reason.as_ref() == Some(&reason) && self.message.as_deref() == Some(message) {
             return;
@@ -133,7 +136,8 @@ impl VolumeStatus {
         if self.phase.as_ref() != Some(&phase) {
             let stamps = self.extra.entry("phaseTransitionTimestamps".to_owned()).or_insert_with(|| Value::Array(Vec::new()));
             if let Some(a) = stamps.as_array_mut() {
-                let at = at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
+                let last = a.last().and_then(|t| t["phaseTransitionTimestamp"].as_str()).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+                let at = last.map_or(at, |l| l.max(at)).strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string();
                 a.push(serde_json::json!({"phase": phase.as_str(), "phaseTransitionTimestamp": at}));
             }
         }

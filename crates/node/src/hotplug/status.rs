@@ -109,6 +109,22 @@ mod tests {
     }
 
     #[test]
+    fn a_phase_reached_before_another_writers_later_one_is_stamped_after_it() {
+        let at = |t: &str| -> jiff::Timestamp { t.parse().expect("a timestamp") };
+        let mut s = VirtualMachineInstanceStatus::default();
+        // The controller's Bound lands while the agent's AttachedToNode (reached earlier) waits.
+        s.volume_entry("a").transition_at(VolumePhase::Bound, VolumeReason::PvcBound, "bound", at("2026-12-03T12:00:00.200Z"));
+        let mut c = Change::reached("a", VolumePhase::AttachedToNode, "opened /x");
+        if let Change::Set { at: when, .. } = &mut c {
+            *when = at("2026-12-03T12:00:00.150Z");
+        }
+        apply(&mut s, &[c]);
+        let e = s.volume("a").expect("the entry");
+        assert_eq!(phases(&s, "a"), ["Bound", "AttachedToNode"]);
+        assert_eq!(e.entered(&VolumePhase::AttachedToNode), Some(at("2026-12-03T12:00:00.200Z")), "not before the Bound it follows");
+    }
+
+    #[test]
     fn a_batch_applies_in_order_and_a_removal_drops_the_entry() {
         let mut s = VirtualMachineInstanceStatus::default();
         apply(&mut s, &[Change::ready("a"), Change::ready("b"), Change::Remove("a".into())]);
