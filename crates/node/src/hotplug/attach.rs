@@ -110,7 +110,7 @@ impl<E: Effects> Pass<'_, E> {
             self.hold(g.a.volume);
         }
         for f in failed {
-            self.report(f, &mut last).await;
+            self.report(f, &mut last);
         }
         self.write(last);
     }
@@ -200,15 +200,13 @@ impl<E: Effects> Pass<'_, E> {
 
     /// Records a failure: the entry's new state in `last`, the `HotplugFailed` Event past the
     /// deadline, and the retry at the backoff.
-    async fn report(&mut self, f: Failed, last: &mut Vec<Change>) {
+    fn report(&mut self, f: Failed, last: &mut Vec<Change>) {
         let volume = &f.going.a.volume;
         let entry = self.status.and_then(|s| s.volume(volume));
         let failure = Failure { volume, error: &f.error, started: f.going.started, reached: f.reached, entry };
         let r = self.volumes.failed(&failure, Instant::now(), self.backoff.deadline);
         volume_span(volume).in_scope(|| tracing::debug!(attempts = r.attempts, "waiting: {}", f.error));
-        if let Some(message) = r.event {
-            self.event(EventReason::HotplugFailed, message).await;
-        }
+        self.raise(r.event.into_iter().map(|message| (EventReason::HotplugFailed, message)).collect());
         last.extend(r.change);
         self.retry_within(self.backoff.delay(r.attempts));
     }

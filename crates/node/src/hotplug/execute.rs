@@ -15,12 +15,13 @@
 //! # Guarantees
 //! Status changes are written in batches — one write (and one watch event for every watcher)
 //! per step of the pass, not one per volume and step: with many volumes and VMs the writes, not
-//! QMP, were the cost. The writes go out in order from the pass's writer, beside the QMP work,
-//! which never waits for them: a status write is two round trips to the API server and a
-//! commit, longer than a QMP step, and it used to hold the `device_add` of a hot-plug back. An
-//! Event waits for the writes queued before it (its volume's status says what the Event
-//! reports, as in KubeVirt), and the pass ends when its last write has returned. Every log line
-//! about a volume is in its `volume` span.
+//! QMP, were the cost. The writes and Events go out in the order they were queued, from the
+//! pass's writer, beside the QMP work, which never waits for them: a status write is two round
+//! trips to the API server and a commit, longer than a QMP step, and it used to hold the
+//! `device_add` of a hot-plug back. A batch's phases are stamped when it was queued (when the
+//! pass reached them); an Event goes out after the writes queued before it (its volume's status
+//! says what the Event reports, as in KubeVirt). The pass ends when the last has returned.
+//! Every log line about a volume is in its `volume` span.
 
 use std::time::{Duration, Instant};
 
@@ -76,10 +77,10 @@ pub(super) struct Pass<'a, E: Effects> {
 
 /// What the pass's writer is given, in order.
 enum Queued {
-    /// One status write.
-    Write(Vec<Change>),
-    /// Answered once everything queued before it is written.
-    Flush(futures::channel::oneshot::Sender<()>),
+    /// One status write, and when its changes were reached.
+    Write(Vec<Change>, jiff::Timestamp),
+    /// Events on the VMI, raised together.
+    Events(Vec<(EventReason, String)>),
 }
 
 impl<'a, E: Effects> Pass<'a, E> {
@@ -100,9 +101,10 @@ impl<'a, E: Effects> Pass<'a, E> {
             if let Some(w) = written {
                 w.for_each(|q| async move {
                     match q {
-                        Queued::Write(changes) => effects.write(changes).await,
-                        // The pass may have stopped waiting: nothing to tell it then.
-                        Queued::Flush(done) => drop(done.send(())),
+                        Queued::Write(changes, at) => effects.write(changes, at).await,
+                        Queued::Events(events) => {
+                            futures::future::join_all(events.into_iter().map(|(reason, message)| effects.event(reason, message))).await;
+                        }
                     }
                 })
                 .await;
@@ -153,22 +155,24 @@ impl<'a, E: Effects> Pass<'a, E> {
         self.retry = Some(self.retry.map_or(d, |r| r.min(d)));
     }
 
-    /// Queues one batch for the pass's writer (nothing for an empty one): it is written after
-    /// every batch queued before it, while the pass goes on.
+    /// Queues one batch, reached now, for the pass's writer (nothing for an empty one): it is
+    /// written after everything queued before it, while the pass goes on.
     pub(super) fn write(&self, changes: Vec<Change>) {
         if !changes.is_empty() {
-            // The writer's end lives as long as the pass (`run` joins it with the steps).
-            let _ = self.writes.unbounded_send(Queued::Write(changes));
+            self.queue(Queued::Write(changes, jiff::Timestamp::now()));
         }
     }
 
-    /// Raises an Event on the VMI once the writes queued before it have returned.
-    pub(super) async fn event(&self, reason: EventReason, message: String) {
-        let (done, flushed) = futures::channel::oneshot::channel();
-        if self.writes.unbounded_send(Queued::Flush(done)).is_ok() {
-            let _ = flushed.await;
+    /// Queues Events on the VMI, raised together once everything queued before them is done.
+    pub(super) fn raise(&self, events: Vec<(EventReason, String)>) {
+        if !events.is_empty() {
+            self.queue(Queued::Events(events));
         }
-        self.effects.event(reason, message).await;
+    }
+
+    fn queue(&self, q: Queued) {
+        // The writer's end lives as long as the pass (`run` joins it with the steps).
+        let _ = self.writes.unbounded_send(q);
     }
 
     /// Unplugs the devices of `volumes`: `Detaching` for all in one write, queued before QMP
@@ -204,9 +208,8 @@ impl<'a, E: Effects> Pass<'a, E> {
                 }
             }
         }
-        // The Events first (whoever waits for an entry to go then finds its Event), concurrently.
-        let events = gone.iter().map(|v| self.event(EventReason::VolumeUnplugged, format!("volume {v} unplugged")));
-        futures::future::join_all(events).await;
+        // The Events first (whoever waits for an entry to go then finds its Event).
+        self.raise(gone.iter().map(|v| (EventReason::VolumeUnplugged, format!("volume {v} unplugged"))).collect());
         changes.extend(gone.into_iter().map(Change::Remove));
         self.write(changes);
     }
@@ -219,7 +222,7 @@ impl<'a, E: Effects> Pass<'a, E> {
         match ejected {
             Ok(()) => {
                 let what = volume.as_deref().unwrap_or(node);
-                self.event(EventReason::VolumeUnplugged, format!("medium {what} ejected from {drive}")).await;
+                self.raise(vec![(EventReason::VolumeUnplugged, format!("medium {what} ejected from {drive}"))]);
                 if let Some(v) = volume {
                     self.write(vec![Change::Remove(v)]);
                 }

@@ -37,11 +37,13 @@ struct Recorded {
     did: Mutex<Vec<Did>>,
     /// When set, each write first takes a permit (a write the test holds back: a slow API).
     gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// When each written batch says its changes were reached, in order.
+    stamps: Mutex<Vec<jiff::Timestamp>>,
 }
 
 impl Recorded {
     fn new() -> Recorded {
-        Recorded { dir: tempfile::tempdir().unwrap(), not_ready: Vec::new(), did: Mutex::default(), gate: None }
+        Recorded { dir: tempfile::tempdir().unwrap(), not_ready: Vec::new(), did: Mutex::default(), gate: None, stamps: Mutex::default() }
     }
 
     fn did(&self) -> Vec<Did> {
@@ -75,10 +77,11 @@ impl Effects for Recorded {
         Ok(Opened { fd: f.into(), path, block: false })
     }
 
-    async fn write(&self, changes: Vec<Change>) {
+    async fn write(&self, changes: Vec<Change>, at: jiff::Timestamp) {
         if let Some(gate) = &self.gate {
             gate.acquire().await.unwrap().forget();
         }
+        self.stamps.lock().unwrap().push(at);
         self.did.lock().unwrap().push(Did::Wrote(changes));
     }
 
@@ -154,12 +157,19 @@ async fn qemu_is_not_kept_waiting_by_a_slow_status_write_and_the_writes_keep_the
         .await;
         assert!(waited.is_ok(), "device_add never went out while the AttachedToNode write was held: {:?}", fake.commands());
         assert!(effects.writes().is_empty(), "no write had returned yet");
+        let plugged_at = jiff::Timestamp::now();
         gate.add_permits(3);
+        plugged_at
     };
     let held = Inventory::default();
-    let (retry, ()) = tokio::join!(run(&m, &held, &effects, None, vec![disk("a")]), api);
+    let (retry, plugged_at) = tokio::join!(run(&m, &held, &effects, None, vec![disk("a")]), api);
     assert_eq!(retry, None);
     assert_eq!(effects.writes(), [w(&[("a", "AttachedToNode")]), w(&[("a", "MountedToPod")]), w(&[("a", "Ready")])]);
+    let stamps = effects.stamps.lock().unwrap().clone();
+    assert!(
+        stamps[..2].iter().all(|t| *t <= plugged_at),
+        "stamped when reached, not when written after the plug: {stamps:?} vs {plugged_at}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

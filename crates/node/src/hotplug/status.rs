@@ -5,35 +5,18 @@ use api::kubevirt::VirtualMachineInstanceStatus;
 use api::phases::{VolumePhase, VolumeReason};
 
 /// One change to a `volumeStatus` entry.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
-    /// The entry of `volume` (created when absent) moves to `phase`, `reason` and `message`;
-    /// `at` is when the agent got there (the write, queued, may go out later): its
-    /// `phaseTransitionTimestamps` entry.
-    Set { volume: String, phase: VolumePhase, reason: VolumeReason, message: String, at: jiff::Timestamp },
+    /// The entry of `volume` (created when absent) moves to `phase`, `reason` and `message`.
+    Set { volume: String, phase: VolumePhase, reason: VolumeReason, message: String },
     /// The entry of `volume` goes (its unplug is confirmed, or it was removed while it waited).
     Remove(String),
 }
 
-/// Two changes are equal when they make the same change; when they were made is not compared.
-impl PartialEq for Change {
-    fn eq(&self, other: &Change) -> bool {
-        match (self, other) {
-            (Change::Set { volume, phase, reason, message, at: _ }, Change::Set { volume: v, phase: p, reason: r, message: m, at: _ }) => {
-                (volume, phase, reason, message) == (v, p, r, m)
-            }
-            (Change::Remove(a), Change::Remove(b)) => a == b,
-            _ => false,
-        }
-    }
-}
-
-impl Eq for Change {}
-
 impl Change {
     /// `volume` reached `phase`, with the reason KubeVirt pairs with it.
     pub fn reached(volume: &str, phase: VolumePhase, message: impl Into<String>) -> Change {
-        Change::Set { volume: volume.to_owned(), reason: phase.reason(), phase, message: message.into(), at: jiff::Timestamp::now() }
+        Change::Set { volume: volume.to_owned(), reason: phase.reason(), phase, message: message.into() }
     }
 
     /// The volume is in QEMU (KubeVirt's reason and message).
@@ -48,20 +31,21 @@ impl Change {
     }
 }
 
-/// Applies `changes` to `status`, in order. An entry the agent creates past `Bound` (it reacted
+/// Applies `changes`, reached at `at` (one step of a pass: its batch's phases are stamped
+/// then, not when the queued write runs), to `status`, in order. An entry the agent creates past `Bound` (it reacted
 /// to the spec before the controller's status write) first records `Bound`: the claim was bound
 /// when the agent opened it, so the timeline says so (the controller leaves entries past `Bound`
 /// alone).
-pub fn apply(status: &mut VirtualMachineInstanceStatus, changes: &[Change]) {
+pub fn apply(status: &mut VirtualMachineInstanceStatus, changes: &[Change], at: jiff::Timestamp) {
     for c in changes {
         match c {
-            Change::Set { volume, phase, reason, message, at } => {
+            Change::Set { volume, phase, reason, message } => {
                 let created = status.volume(volume).is_none();
                 let e = status.volume_entry(volume);
                 if created && matches!(phase, VolumePhase::AttachedToNode | VolumePhase::MountedToPod | VolumePhase::Ready) {
-                    e.transition_at(VolumePhase::Bound, VolumeReason::PvcBound, "the claim is bound (seen by the node agent)", *at);
+                    e.transition_at(VolumePhase::Bound, VolumeReason::PvcBound, "the claim is bound (seen by the node agent)", at);
                 }
-                e.transition_at(phase.clone(), reason.clone(), message, *at);
+                e.transition_at(phase.clone(), reason.clone(), message, at);
             }
             Change::Remove(volume) => status.volume_status.retain(|e| &e.name != volume),
         }
@@ -78,31 +62,31 @@ mod tests {
         stamps.iter().map(|t| t["phase"].as_str().unwrap_or_default().to_owned()).collect()
     }
 
+    fn now() -> jiff::Timestamp {
+        jiff::Timestamp::now()
+    }
+
     #[test]
     fn an_entry_the_agent_creates_past_bound_records_bound_first() {
         let mut s = VirtualMachineInstanceStatus::default();
-        apply(&mut s, &[Change::reached("a", VolumePhase::AttachedToNode, "opened /x")]);
+        apply(&mut s, &[Change::reached("a", VolumePhase::AttachedToNode, "opened /x")], now());
         assert_eq!(phases(&s, "a"), ["Bound", "AttachedToNode"]);
         let e = s.volume("a").expect("the entry");
         assert_eq!((e.phase.as_ref(), e.reason.as_ref()), (Some(&VolumePhase::AttachedToNode), Some(&VolumeReason::SuccessfulCreate)));
         assert!(e.hotplug_volume.is_some(), "a hot-plug entry");
         // An existing entry moves on without a made-up Bound.
-        apply(&mut s, &[Change::ready("a")]);
+        apply(&mut s, &[Change::ready("a")], now());
         assert_eq!(phases(&s, "a"), ["Bound", "AttachedToNode", "Ready"]);
         // Detaching an entry nobody wrote says nothing about its claim.
-        apply(&mut s, &[Change::detaching("b", "unplugging")]);
+        apply(&mut s, &[Change::detaching("b", "unplugging")], now());
         assert_eq!(phases(&s, "b"), ["Detaching"]);
     }
 
     #[test]
-    fn a_phase_is_stamped_when_it_was_reached_not_when_it_is_written() {
+    fn a_batch_is_stamped_with_the_time_its_changes_were_reached() {
         let mut s = VirtualMachineInstanceStatus::default();
-        let mut c = Change::ready("a");
         let at: jiff::Timestamp = "2026-12-03T12:00:00.125Z".parse().expect("a timestamp");
-        if let Change::Set { at: when, .. } = &mut c {
-            *when = at;
-        }
-        apply(&mut s, &[c]);
+        apply(&mut s, &[Change::ready("a")], at);
         let e = s.volume("a").expect("the entry");
         assert_eq!(e.entered(&VolumePhase::Ready), Some(at));
         assert_eq!(e.entered(&VolumePhase::Bound), Some(at), "the Bound the agent records for an entry it creates");
@@ -114,11 +98,7 @@ mod tests {
         let mut s = VirtualMachineInstanceStatus::default();
         // The controller's Bound lands while the agent's AttachedToNode (reached earlier) waits.
         s.volume_entry("a").transition_at(VolumePhase::Bound, VolumeReason::PvcBound, "bound", at("2026-12-03T12:00:00.200Z"));
-        let mut c = Change::reached("a", VolumePhase::AttachedToNode, "opened /x");
-        if let Change::Set { at: when, .. } = &mut c {
-            *when = at("2026-12-03T12:00:00.150Z");
-        }
-        apply(&mut s, &[c]);
+        apply(&mut s, &[Change::reached("a", VolumePhase::AttachedToNode, "opened /x")], at("2026-12-03T12:00:00.150Z"));
         let e = s.volume("a").expect("the entry");
         assert_eq!(phases(&s, "a"), ["Bound", "AttachedToNode"]);
         assert_eq!(e.entered(&VolumePhase::AttachedToNode), Some(at("2026-12-03T12:00:00.200Z")), "not before the Bound it follows");
@@ -127,7 +107,7 @@ mod tests {
     #[test]
     fn a_batch_applies_in_order_and_a_removal_drops_the_entry() {
         let mut s = VirtualMachineInstanceStatus::default();
-        apply(&mut s, &[Change::ready("a"), Change::ready("b"), Change::Remove("a".into())]);
+        apply(&mut s, &[Change::ready("a"), Change::ready("b"), Change::Remove("a".into())], now());
         let names: Vec<&str> = s.volume_status.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["b"]);
     }

@@ -96,7 +96,7 @@ impl Volumes {
         let unchanged = f.reached.is_none()
             && f.entry.and_then(|e| e.message.as_deref()) == Some(message.as_str())
             && f.entry.and_then(|e| e.reason.as_ref()) == Some(&reason);
-        let change = (!unchanged).then(|| Change::Set { volume: f.volume.to_owned(), phase, reason, message, at: jiff::Timestamp::now() });
+        let change = (!unchanged).then(|| Change::Set { volume: f.volume.to_owned(), phase, reason, message });
         Report { change, event, attempts: w.attempts }
     }
 }
@@ -123,7 +123,7 @@ mod tests {
     }
 
     fn set(phase: VolumePhase, reason: VolumeReason, message: &str) -> Option<Change> {
-        Some(Change::Set { volume: "data".into(), phase, reason, message: message.into(), at: jiff::Timestamp::now() })
+        Some(Change::Set { volume: "data".into(), phase, reason, message: message.into() })
     }
 
     #[test]
