@@ -299,7 +299,9 @@ impl Store {
             }),
             in_flight: AtomicUsize::new(0),
             last_alone: AtomicBool::new(false),
+            #[cfg(test)]
             inline_batches: AtomicUsize::new(0),
+            #[cfg(test)]
             thread_batches: AtomicUsize::new(0),
         });
         let (exit, writer_exit) = tokio::sync::watch::channel(None);
@@ -449,8 +451,10 @@ struct Shared {
     in_flight: AtomicUsize,
     /// Whether the latest write to come found no other in flight.
     last_alone: AtomicBool,
-    /// Batches committed inline and by the thread (tests look at them).
+    /// Batches committed inline and by the thread (the tests' view of which path a write took).
+    #[cfg(test)]
     inline_batches: AtomicUsize,
+    #[cfg(test)]
     thread_batches: AtomicUsize,
 }
 
@@ -458,11 +462,11 @@ struct Shared {
 struct InFlight<'a> {
     shared: &'a Shared,
     /// No other write was in flight when this one came, nor when the one before it came: one
-    /// writer at a time (and nothing queued for the thread: a queued write is in flight).
-    /// A cancelled caller's write may still sit in the queue and be overtaken: it was never
-    /// answered, so no order was promised. With concurrent writers an inline commit would hold a runtime worker
-    /// through its fsync while the others' requests wait for it (8 writers: −10 % updates/s
-    /// when every lone arrival went inline), so they all go to the thread.
+    /// writer at a time (and nothing queued for the thread: a queued write is in flight). A
+    /// cancelled caller's write may still sit in the queue and be overtaken: it was never
+    /// answered, so no order was promised. With concurrent writers an inline commit would hold
+    /// a runtime worker through its fsync while the others' requests wait for it (8 writers:
+    /// −10 % updates/s when every lone arrival went inline), so they all go to the thread.
     alone: bool,
 }
 
@@ -490,6 +494,7 @@ impl Shared {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return Some(write),
         };
+        #[cfg(test)]
         self.inline_batches.fetch_add(1, Ordering::Relaxed);
         let answers = writer.commit_guarded(vec![write]);
         drop(writer);
@@ -507,6 +512,7 @@ impl Shared {
                     Err(_) => break,
                 }
             }
+            #[cfg(test)]
             self.thread_batches.fetch_add(1, Ordering::Relaxed);
             let answers = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).commit_guarded(batch);
             // After the lock is released: an answered writer's next write may find it free.
