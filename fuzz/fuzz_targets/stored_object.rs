@@ -245,7 +245,7 @@ fn node_pass(vmi: &api::VirtualMachineInstance) {
             })
             .collect();
         let mut status = vmi.status.clone().unwrap_or_default();
-        apply(&mut status, &changes);
+        apply(&mut status, &changes, jiff::Timestamp::UNIX_EPOCH);
         let _ = serde_json::to_value(&status);
     }
 }
