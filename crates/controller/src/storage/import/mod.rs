@@ -154,6 +154,21 @@ struct Ctx {
     gates: Mutex<HashMap<String, Instant>>,
 }
 
+impl Ctx {
+    fn new(client: kube::Client, root: PathBuf, config: ImportConfig) -> Result<Ctx, reqwest::Error> {
+        let policy = Arc::new(NetPolicy::new(config.allow_hosts.clone()));
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(60))
+            // A proxy would resolve and connect out of the policy's sight.
+            .no_proxy()
+            .dns_resolver(GuardedResolver(Arc::clone(&policy)))
+            .redirect(net_policy::redirect_policy(Arc::clone(&policy), config.max_redirects))
+            .build()?;
+        Ok(Ctx { client, root, config, policy, http, gates: Mutex::new(HashMap::new()) })
+    }
+}
+
 fn condition(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
     Condition {
         type_: type_.to_owned(),
@@ -327,15 +342,49 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
         gates.insert(uid.clone(), Instant::now() + Duration::from_secs(365 * 86400));
     }
     let scheduled = if matches!(job, Job::Clone(_)) { DataVolumePhase::CloneScheduled } else { DataVolumePhase::ImportScheduled };
-    set_status(&dvs, &name, |s| {
+    // `dv` may be older than the last attempt's outcome: the attempt lifts the gate once its
+    // `Succeeded` or `Failed` is written, and a reconcile woken before that write reached the
+    // watch still holds the copy from before it. The decision is taken on the fresh copy the
+    // write reads, so a finished import is never scheduled again (its phase overwritten and the
+    // source fetched anew), and the restart count is the last attempt's.
+    let mut restarts = 0;
+    let scheduling = client::try_update_status(&dvs, &name, &client::UpdateOptions::default(), |fresh: &mut DataVolume| {
+        if fresh.uid() != dv.uid() {
+            return Err(NotScheduled::Replaced);
+        }
+        let s = fresh.status.get_or_insert_with(Default::default);
+        if let Some(phase @ (DataVolumePhase::Succeeded | DataVolumePhase::Failed)) = &s.phase {
+            return Err(NotScheduled::Finished(phase.clone()));
+        }
+        restarts = s.restart_count.unwrap_or(0);
         s.phase = Some(scheduled.clone());
         s.claim_name = Some(name.clone());
         set_condition(&mut s.conditions, bound_cond.clone());
+        Ok(())
     })
-    .await?;
-    let restarts = status.restart_count.unwrap_or(0);
+    .await;
+    if let Err(e) = scheduling {
+        ctx.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&uid);
+        return match e {
+            // Its own watch event wakes the reconcile with the fresh copy.
+            client::UpdateError::Mutate { source, .. } => {
+                tracing::debug!("no new attempt: {source}");
+                Ok(Action::await_change())
+            }
+            e => Err(ImportError::Transient(format!("cannot write the DataVolume's status: {}", client::error_chain(&e)))),
+        };
+    }
     tokio::spawn(run_attempt(ctx, dvs, dv, pvc, job, restarts).in_current_span());
     Ok(Action::await_change())
+}
+
+/// Why a reconcile holding an older copy of the DataVolume starts no attempt.
+#[derive(Debug, thiserror::Error)]
+enum NotScheduled {
+    #[error("the import has finished (phase {0:?})")]
+    Finished(DataVolumePhase),
+    #[error("the DataVolume was replaced by another of the same name")]
+    Replaced,
 }
 
 /// Resolves when the DataVolume `name` with `uid` is deleted (gone, replaced by another of
@@ -438,18 +487,9 @@ fn error_policy(dv: Arc<DataVolume>, err: &ImportError, _: Arc<Ctx>) -> Action {
 /// # Errors
 /// When the HTTP client cannot be built (no TLS roots).
 pub async fn run(client: kube::Client, root: PathBuf, config: ImportConfig) -> Result<(), reqwest::Error> {
-    let policy = Arc::new(NetPolicy::new(config.allow_hosts.clone()));
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .read_timeout(Duration::from_secs(60))
-        // A proxy would resolve and connect out of the policy's sight.
-        .no_proxy()
-        .dns_resolver(GuardedResolver(Arc::clone(&policy)))
-        .redirect(net_policy::redirect_policy(Arc::clone(&policy), config.max_redirects))
-        .build()?;
     let dvs: Api<DataVolume> = Api::all(client.clone());
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let ctx = Arc::new(Ctx { client, root, config, policy, http, gates: Mutex::new(HashMap::new()) });
+    let ctx = Arc::new(Ctx::new(client, root, config)?);
     Controller::new(dvs, watcher::Config::default())
         // The claim's binding wakes its DataVolume (the claim is named after it).
         .watches(pvcs, watcher::Config::default(), |pvc| {
@@ -464,4 +504,79 @@ pub async fn run(client: kube::Client, root: PathBuf, config: ImportConfig) -> R
         .for_each(|_| async {})
         .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use kube::api::{Patch, PatchParams};
+    use serde_json::json;
+
+    use super::*;
+
+    /// The real API server, in process, with its data in `dir`.
+    async fn api_server(dir: &std::path::Path) -> (Arc<apiserver::Server>, kube::Client) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let server = Arc::new(apiserver::Server::open(&apiserver::Config::new(dir), None).await.unwrap());
+        let client = client::in_process(server.local_router());
+        (server, client)
+    }
+
+    fn phase(dv: &DataVolume) -> Option<DataVolumePhase> {
+        dv.status.as_ref().and_then(|s| s.phase.clone())
+    }
+
+    /// The race a loaded CI run hit: an attempt writes `Failed` and lifts its gate while a
+    /// reconcile woken by the attempt's earlier `ImportInProgress` holds the copy from before
+    /// `Failed`. That reconcile wrote `ImportScheduled` over `Failed` and fetched the source
+    /// again; it must leave a finished import (`Failed` or `Succeeded`) as it is.
+    #[tokio::test]
+    async fn a_reconcile_holding_a_copy_from_before_the_outcome_starts_no_new_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_server, client) = api_server(&dir.path().join("api")).await;
+        let config = ImportConfig { max_retries: 0, ..ImportConfig::default() };
+        let ctx = Arc::new(Ctx::new(client.clone(), dir.path().join("storage"), config).unwrap());
+        let dvs: Api<DataVolume> = Api::namespaced(client.clone(), "default");
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+        // Port 9 on loopback: refused by the network policy before any connection.
+        let dv: DataVolume = serde_json::from_value(json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "d", "namespace": "default"},
+            "spec": {"source": {"http": {"url": "http://127.0.0.1:9/disk.raw"}}, "storage": {"resources": {"requests": {"storage": "1Mi"}}}}}))
+        .unwrap();
+        let dv = dvs.create(&PostParams::default(), &dv).await.unwrap();
+        let mut claim = claim_for(&dv).unwrap();
+        claim.metadata.namespace = Some("default".into());
+        pvcs.create(&PostParams::default(), &claim).await.unwrap();
+        pvcs.patch_status("d", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Bound"}}))).await.unwrap();
+
+        // A fresh copy starts an attempt, which fails for good (the host is refused).
+        let before = dvs.get("d").await.unwrap();
+        reconcile_once(Arc::new(before.clone()), Arc::clone(&ctx)).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let failed = loop {
+            let now = dvs.get("d").await.unwrap();
+            if phase(&now) == Some(DataVolumePhase::Failed) && ctx.gates.lock().unwrap().is_empty() {
+                break now;
+            }
+            assert!(Instant::now() < deadline, "timed out after 30 s waiting for the attempt to fail and lift its gate: {:?}", now.status);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+
+        // The copy from before `Failed` schedules nothing and rewrites nothing.
+        reconcile_once(Arc::new(before.clone()), Arc::clone(&ctx)).await.unwrap();
+        let after = dvs.get("d").await.unwrap();
+        assert_eq!(phase(&after), Some(DataVolumePhase::Failed), "{:?}", after.status);
+        assert_eq!(after.metadata.resource_version, failed.metadata.resource_version, "nothing was written");
+        assert!(ctx.gates.lock().unwrap().is_empty(), "no attempt holds the gate");
+
+        // Nor after `Succeeded`.
+        dvs.patch_status("d", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Succeeded"}}))).await.unwrap();
+        let done = dvs.get("d").await.unwrap();
+        reconcile_once(Arc::new(before), Arc::clone(&ctx)).await.unwrap();
+        let after = dvs.get("d").await.unwrap();
+        assert_eq!(phase(&after), Some(DataVolumePhase::Succeeded), "{:?}", after.status);
+        assert_eq!(after.metadata.resource_version, done.metadata.resource_version, "nothing was written");
+        assert!(ctx.gates.lock().unwrap().is_empty(), "no attempt holds the gate");
+    }
 }
