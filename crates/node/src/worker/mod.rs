@@ -76,6 +76,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
         once_armed: None,
         launcher_wait: None,
         cloud_init_wait: None,
+        ended: false,
     };
     loop {
         let current = rx.borrow_and_update().clone();
@@ -89,7 +90,7 @@ pub async fn run(shared: Arc<Shared>, uid: String, mut rx: Versions) {
             w.delete(&vmi, &mut rx).await;
             return;
         }
-        if w.live.is_none() {
+        if w.live.is_none() && !w.ended {
             w.start(&vmi).await;
         }
         if let Some(l) = w.live.as_ref().filter(|_| vmi.is_running()) {
@@ -167,6 +168,12 @@ struct Worker {
     /// The VMI's cloud-init Secret (or its key) is missing: the watch of that Secret
     /// ([`Worker::wait_for_cloud_init`]).
     cloud_init_wait: Option<CloudInitWait>,
+    /// This VMI's QEMU ran and exited, or could not be started: nothing starts it again, whatever
+    /// an older copy of the VMI says (the copy the worker holds right after QEMU's exit predates
+    /// the exit's phase: it said `Running`, and read as "QEMU died while no agent ran" it turned
+    /// a guest power-off into a failure; one saying `Scheduled` would launch QEMU again). As in
+    /// KubeVirt, running again takes a new VMI.
+    ended: bool,
 }
 
 /// A VMI waiting for the Secret of its cloud-init data.
@@ -279,14 +286,16 @@ impl Worker {
                             self.vcpus_paused = Some(self.paused_for_media);
                         }
                         Err(e) => {
-                            set_phase(&self.shared, vmi, VmiPhase::Failed, Some(VmiReason::LaunchFailed), &e).await;
+                            self.ended = true;
+                            set_phase(&self.shared.client, vmi, VmiPhase::Failed, Some(VmiReason::LaunchFailed), &e).await;
                             crate::reasons::publish(&self.shared.client, vmi.as_ref(), EventReason::LaunchFailed, &e).await;
                         }
                     }
                 }
                 Some(VmiPhase::Running) => {
+                    self.ended = true;
                     let msg = "QEMU exited while the node agent was not running";
-                    set_phase(&self.shared, vmi, VmiPhase::Failed, Some(VmiReason::QemuGone), msg).await;
+                    set_phase(&self.shared.client, vmi, VmiPhase::Failed, Some(VmiReason::QemuGone), msg).await;
                 }
                 _ => {}
             },
@@ -296,7 +305,7 @@ impl Worker {
             self.launcher_wait = None;
             self.force = true;
             if !vmi.is_running() {
-                set_phase(&self.shared, vmi, VmiPhase::Running, None, "QEMU is running").await;
+                set_phase(&self.shared.client, vmi, VmiPhase::Running, None, "QEMU is running").await;
             }
         }
     }
@@ -320,7 +329,7 @@ impl Worker {
         if wait.message != message {
             tracing::info!("waiting for cloud-init data (watching the Secret): {message}");
             let reason = Some(VmiReason::CloudInitSecretMissing);
-            set_phase(&self.shared, vmi, VmiPhase::Scheduled, reason, message).await;
+            set_phase(&self.shared.client, vmi, VmiPhase::Scheduled, reason, message).await;
             crate::reasons::publish(&self.shared.client, vmi.as_ref(), EventReason::CloudInitSecretMissing, message).await;
         }
         self.cloud_init_wait = Some(CloudInitWait { message: message.to_owned(), ..wait });
@@ -434,14 +443,15 @@ impl Worker {
     /// QEMU exited: `Succeeded` after a guest power-off, else `Failed` with a `VMICrashed` Event.
     async fn exited(&mut self) {
         let Some(l) = self.live.take() else { return };
+        self.ended = true;
         let by_guest = *l.guest_shutdown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(v) = &self.last {
             net::forget(&self.shared, v).await;
             if by_guest {
-                set_phase(&self.shared, v, VmiPhase::Succeeded, Some(VmiReason::GuestShutdown), "the guest powered off").await;
+                set_phase(&self.shared.client, v, VmiPhase::Succeeded, Some(VmiReason::GuestShutdown), "the guest powered off").await;
             } else {
                 let msg = "QEMU exited without a guest shutdown (crash or killed); see serial.log in the VMI's run dir";
-                set_phase(&self.shared, v, VmiPhase::Failed, Some(VmiReason::QemuExited), msg).await;
+                set_phase(&self.shared.client, v, VmiPhase::Failed, Some(VmiReason::QemuExited), msg).await;
                 crate::reasons::publish(&self.shared.client, v.as_ref(), EventReason::VmiCrashed, msg).await;
             }
         }

@@ -11,7 +11,6 @@ use api::phases::VmiPhase;
 use api::vmi_requests::{PAUSED_CONDITION, PAUSED_NOT_READY_MESSAGE, PAUSED_NOT_READY_REASON};
 use api::VirtualMachineInstance;
 
-use crate::config::Shared;
 use crate::reasons::VmiReason;
 
 /// The type of KubeVirt's VMI condition that says whether the VMI runs.
@@ -60,14 +59,44 @@ pub(super) fn set_ready(s: &mut VirtualMachineInstanceStatus, not_ready: Option<
     }
 }
 
-/// Writes the VMI's phase ([`apply_phase`]); a failure is logged.
-pub(super) async fn set_phase(shared: &Shared, vmi: &VirtualMachineInstance, phase: VmiPhase, reason: Option<VmiReason>, message: &str) {
-    let api: Api<VirtualMachineInstance> = Api::namespaced(shared.client.clone(), &vmi.namespace().unwrap_or_default());
+/// A VMI that ended keeps its phase: `Succeeded` and `Failed` are final (as in KubeVirt, where
+/// running again takes a new VMI).
+#[derive(Debug, thiserror::Error)]
+enum Kept {
+    #[error("the VMI has ended (phase {0}); its phase is final")]
+    Ended(VmiPhase),
+    #[error("the VMI was replaced by another of the same name")]
+    Replaced,
+}
+
+/// Writes the VMI's phase ([`apply_phase`]) unless the VMI, as the write reads it, has ended
+/// (a caller may hold a copy from before its end); a failure is logged.
+pub(super) async fn set_phase(
+    client: &kube::Client,
+    vmi: &VirtualMachineInstance,
+    phase: VmiPhase,
+    reason: Option<VmiReason>,
+    message: &str,
+) {
+    let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &vmi.namespace().unwrap_or_default());
     let shown = phase.to_string();
-    let r =
-        client::update_status(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| apply_phase(v, phase.clone(), reason, message)).await;
-    if let Err(e) = r {
-        tracing::warn!("cannot set phase {shown}: {e}");
+    let r = client::try_update_status(&api, &vmi.name_any(), &client::UpdateOptions::default(), |v: &mut VirtualMachineInstance| {
+        if v.uid() != vmi.uid() {
+            return Err(Kept::Replaced);
+        }
+        match v.status.as_ref().and_then(|s| s.phase.clone()) {
+            Some(ended @ (VmiPhase::Succeeded | VmiPhase::Failed)) => Err(Kept::Ended(ended)),
+            _ => {
+                apply_phase(v, phase.clone(), reason, message);
+                Ok(())
+            }
+        }
+    })
+    .await;
+    match r {
+        Ok(_) => {}
+        Err(client::UpdateError::Mutate { source, .. }) => tracing::info!("not setting phase {shown}: {source}"),
+        Err(e) => tracing::warn!("cannot set phase {shown}: {e}"),
     }
 }
 
@@ -75,6 +104,38 @@ pub(super) async fn set_phase(shared: &Shared, vmi: &VirtualMachineInstance, pha
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A copy of the VMI from before its end (a worker's, right after QEMU exited) writes
+    /// nothing over `Succeeded` or `Failed`; a VMI that has not ended gets the phase. Against the
+    /// real API server, in process.
+    #[tokio::test]
+    async fn a_copy_from_before_the_end_does_not_rewrite_an_ended_vmi() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
+        let client = client::in_process(server.local_router());
+        let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
+        let vmi: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "v", "namespace": "default"},
+            "spec": {"domain": {"devices": {}}}}))
+        .unwrap();
+        api.create(&kube::api::PostParams::default(), &vmi).await.unwrap();
+        let phase_of = |v: &VirtualMachineInstance| v.status.as_ref().map(|s| (s.phase.clone(), s.reason.clone()));
+        set_phase(&client, &api.get("v").await.unwrap(), VmiPhase::Running, None, "QEMU is running").await;
+        let running = api.get("v").await.unwrap();
+        assert_eq!(phase_of(&running), Some((Some(VmiPhase::Running), None)));
+        for (end, reason) in [(VmiPhase::Failed, VmiReason::QemuExited), (VmiPhase::Succeeded, VmiReason::GuestShutdown)] {
+            let mut ended = api.get("v").await.unwrap();
+            apply_phase(&mut ended, end.clone(), Some(reason), "ended");
+            let ended = api.replace_status("v", &kube::api::PostParams::default(), &ended).await.unwrap();
+            for (phase, why) in [(VmiPhase::Failed, Some(VmiReason::QemuGone)), (VmiPhase::Running, None), (VmiPhase::Scheduled, None)] {
+                set_phase(&client, &running, phase, why, "from the old copy").await;
+                let now = api.get("v").await.unwrap();
+                assert_eq!(phase_of(&now), Some((Some(end.clone()), Some(reason.as_str().to_owned()))));
+                assert_eq!(now.metadata.resource_version, ended.metadata.resource_version, "nothing was written");
+            }
+        }
+    }
 
     #[test]
     fn ready_is_true_only_when_running_and_names_the_reason_otherwise() {
