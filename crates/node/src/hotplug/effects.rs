@@ -22,9 +22,10 @@ pub trait Effects: Sync {
     /// Opens the source of `a`'s volume, its claim checked ready.
     fn open(&self, a: &Attach) -> impl Future<Output = Result<Opened, SourceError>> + Send;
 
-    /// Writes `changes`, reached at `at`, to the VMI's `volumeStatus` in one status write (a
-    /// failure is logged: the next pass writes again).
-    fn write(&self, changes: Vec<Change>, at: jiff::Timestamp) -> impl Future<Output = ()> + Send;
+    /// Writes `changes`, reached at `at`, to the VMI's `volumeStatus` in one status write;
+    /// whether it was written (a failure is logged, and the pass asks for another soon, which
+    /// writes what is still missing).
+    fn write(&self, changes: Vec<Change>, at: jiff::Timestamp) -> impl Future<Output = bool> + Send;
 
     /// Raises an Event on the VMI.
     fn event(&self, reason: EventReason, message: String) -> impl Future<Output = ()> + Send;
@@ -42,14 +43,18 @@ impl Effects for ApiEffects<'_> {
         crate::claims::open(self.shared, &ns, &a.volume, &a.claim, a.readonly, a.attach_pod.clone()).await
     }
 
-    async fn write(&self, changes: Vec<Change>, at: jiff::Timestamp) {
+    async fn write(&self, changes: Vec<Change>, at: jiff::Timestamp) -> bool {
         let api: Api<VirtualMachineInstance> = Api::namespaced(self.shared.client.clone(), &self.vmi.namespace().unwrap_or_default());
         let r = client::update_status(&api, &self.vmi.name_any(), |v: &mut VirtualMachineInstance| {
             status::apply(v.status.get_or_insert_with(Default::default), &changes, at);
         })
         .await;
-        if let Err(e) = r {
-            tracing::warn!("cannot write volumeStatus: {e}");
+        match r {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("cannot write volumeStatus (the next pass writes it again): {}", client::error_chain(&e));
+                false
+            }
         }
     }
 

@@ -91,27 +91,34 @@ impl<'a, E: Effects> Pass<'a, E> {
     }
 
     /// Runs `steps`, its status writes beside them, in order; returns when to retry if
-    /// something waits, once the last write has returned.
+    /// something waits or a status write failed (within the base backoff: nothing else would
+    /// wake the worker to write it again), once the last write has returned.
     pub async fn run(mut self, steps: Vec<Step>) -> Option<Duration> {
         let effects = self.effects;
         let written = self.written.take();
+        let base = self.backoff.base;
         // One write at a time, in the order they were queued; it ends when the pass (which
-        // holds the sender) is done and everything queued is written.
+        // holds the sender) is done and everything queued is written. Whether every write
+        // went through.
         let writer = async move {
-            if let Some(w) = written {
-                w.for_each(|q| async move {
-                    match q {
-                        Queued::Write(changes, at) => effects.write(changes, at).await,
-                        Queued::Events(events) => {
-                            futures::future::join_all(events.into_iter().map(|(reason, message)| effects.event(reason, message))).await;
-                        }
+            let Some(w) = written else { return true };
+            w.fold(true, |all, q| async move {
+                match q {
+                    Queued::Write(changes, at) => effects.write(changes, at).await && all,
+                    Queued::Events(events) => {
+                        futures::future::join_all(events.into_iter().map(|(reason, message)| effects.event(reason, message))).await;
+                        all
                     }
-                })
-                .await;
-            }
+                }
+            })
+            .await
         };
-        let ((), retry) = tokio::join!(writer, self.steps(steps));
-        retry
+        let (all_written, retry) = tokio::join!(writer, self.steps(steps));
+        if all_written {
+            retry
+        } else {
+            Some(retry.map_or(base, |r| r.min(base)))
+        }
     }
 
     async fn steps(mut self, steps: Vec<Step>) -> Option<Duration> {

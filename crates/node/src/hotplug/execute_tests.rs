@@ -39,11 +39,22 @@ struct Recorded {
     gate: Option<Arc<tokio::sync::Semaphore>>,
     /// When each written batch says its changes were reached, in order.
     stamps: Mutex<Vec<jiff::Timestamp>>,
+    /// The write (0: the first) the API fails, and the writes tried so far.
+    refuse: Option<usize>,
+    tried: Mutex<usize>,
 }
 
 impl Recorded {
     fn new() -> Recorded {
-        Recorded { dir: tempfile::tempdir().unwrap(), not_ready: Vec::new(), did: Mutex::default(), gate: None, stamps: Mutex::default() }
+        Recorded {
+            dir: tempfile::tempdir().unwrap(),
+            not_ready: Vec::new(),
+            did: Mutex::default(),
+            gate: None,
+            stamps: Mutex::default(),
+            refuse: None,
+            tried: Mutex::default(),
+        }
     }
 
     fn did(&self) -> Vec<Did> {
@@ -77,12 +88,21 @@ impl Effects for Recorded {
         Ok(Opened { fd: f.into(), path, block: false })
     }
 
-    async fn write(&self, changes: Vec<Change>, at: jiff::Timestamp) {
+    async fn write(&self, changes: Vec<Change>, at: jiff::Timestamp) -> bool {
         if let Some(gate) = &self.gate {
             gate.acquire().await.unwrap().forget();
         }
+        let n = {
+            let mut tried = self.tried.lock().unwrap();
+            *tried += 1;
+            *tried - 1
+        };
+        if self.refuse == Some(n) {
+            return false;
+        }
         self.stamps.lock().unwrap().push(at);
         self.did.lock().unwrap().push(Did::Wrote(changes));
+        true
     }
 
     async fn event(&self, reason: EventReason, message: String) {
@@ -215,6 +235,28 @@ async fn an_unplug_writes_detaching_raises_its_event_then_drops_the_entry() {
         ],
         "the Event before the entry goes: whoever waits for the entry to go finds it"
     );
+}
+
+/// A status write the API fails (the entry's removal after an unplug, which left it
+/// `Detaching`) is not lost: the pass asks for the next one within the base backoff though
+/// nothing else waits; that pass, planned from the VMI as it is (an unwanted entry without its
+/// device: `DropEntry`), writes it again.
+#[tokio::test(start_paused = true)]
+async fn a_failed_status_write_brings_the_next_pass_within_the_base_backoff() {
+    let (fake, m) = qemu();
+    fake.reply("qom-list", json!([{"name": "vp-gone", "type": "child<scsi-hd>"}]))
+        .emit_after("device_del", "DEVICE_DELETED", json!({"device": "vp-gone"}))
+        .reply("query-named-block-nodes", json!([{"node-name": "n-gone"}]));
+    let effects = Recorded { refuse: Some(1), ..Recorded::new() };
+    assert_eq!(
+        run(&m, &Inventory::default(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await,
+        Some(BACKOFF.base),
+        "the refused removal asks for another pass"
+    );
+    assert_eq!(effects.writes(), [w(&[("gone", "Detaching")])], "the removal was refused");
+    let (_, m) = qemu();
+    assert_eq!(run(&m, &Inventory::default(), &effects, None, vec![Step::DropEntry { volume: "gone".into() }]).await, None);
+    assert_eq!(effects.writes(), [w(&[("gone", "Detaching")]), w(&[("gone", "removed")])]);
 }
 
 #[tokio::test(start_paused = true)]
