@@ -368,6 +368,44 @@ async fn deleting_the_data_volume_stops_its_transfer_and_removes_the_partial_fil
     .await;
 }
 
+/// A controller that stops (here: its task aborted, as a leader that lost its lease is) stops
+/// its transfers with it: the connection closes and the partial file goes. Left running, an
+/// attempt would race the next leader's on the same claim (the new attempt sweeps the old
+/// one's temp file, the old one then writes its failure over the new one's progress).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_controllers_transfers_stop_with_it() {
+    let e = env(config(&["127.0.0.1"])).await;
+    let trickle = Answer::Trickle { len: 4 << 20, piece: 2048, every: Duration::from_millis(20), announce: false };
+    let mut server = serve("127.0.0.1:0", trickle).await;
+    e.create("orphan", &server.url("/disk.raw"), "4Mi").await;
+    let dir = e.claim_dir("orphan").await;
+    let sent = Arc::clone(&server.sent);
+    common::wait_until(T, "the transfer to be under way (64 KiB sent)", || {
+        let under_way = sent.load(Ordering::SeqCst) >= 64 << 10;
+        async move { under_way.then_some(()) }
+    })
+    .await;
+    let partial = |dir: &Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".import-"))
+            .collect()
+    };
+    assert_eq!(partial(&dir).len(), 1, "the transfer writes a partial file beside the image");
+    e.ctl.abort();
+    let sent = tokio::time::timeout(Duration::from_secs(10), server.closed.recv())
+        .await
+        .expect("the server saw the connection closed within 10 s of the controller's end")
+        .unwrap();
+    assert!(sent < 4 << 20, "the transfer stopped before its end ({sent} bytes sent)");
+    common::wait_until(T, "the partial file to be removed", || {
+        let gone = partial(&dir).is_empty();
+        async move { gone.then_some(()) }
+    })
+    .await;
+}
+
 /// A transfer below the minimum rate is aborted at the end of its window; one that keeps the
 /// rate but outlasts the deadline is aborted at the deadline. Both are retried, then fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

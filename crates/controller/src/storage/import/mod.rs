@@ -28,7 +28,8 @@
 //! [`ImportConfig::allow_hosts`], checked on the address actually connected to and after every
 //! redirect. An attempt has a deadline and a minimum transfer rate (module `fetch`). Deleting the
 //! DataVolume cancels its transfer: the connection is closed (or `qemu-img` killed, or the copy
-//! stopped) and the partial files removed.
+//! stopped) and the partial files removed. A controller that stops (a leader that lost its
+//! lease) stops its transfers the same way; the next one starts them again.
 //!
 //! # The image is untrusted
 //! Its decompressed size is bounded by the claim and [`ImportConfig::max_bytes`] as it is
@@ -152,10 +153,19 @@ struct Ctx {
     /// DataVolume UID → when its next attempt may start (absent: may start now). A running
     /// import holds `Instant` far in the future.
     gates: Mutex<HashMap<String, Instant>>,
+    /// Closed when [`run`] ends or is dropped (a leader that lost its lease, a controller
+    /// stopped): the attempts it spawned stop with it, as if their DataVolume were deleted,
+    /// rather than race the next leader's attempt on the same claim.
+    running: tokio::sync::watch::Receiver<()>,
 }
 
 impl Ctx {
-    fn new(client: kube::Client, root: PathBuf, config: ImportConfig) -> Result<Ctx, reqwest::Error> {
+    fn new(
+        client: kube::Client,
+        root: PathBuf,
+        config: ImportConfig,
+        running: tokio::sync::watch::Receiver<()>,
+    ) -> Result<Ctx, reqwest::Error> {
         let policy = Arc::new(NetPolicy::new(config.allow_hosts.clone()));
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -165,7 +175,7 @@ impl Ctx {
             .dns_resolver(GuardedResolver(Arc::clone(&policy)))
             .redirect(net_policy::redirect_policy(Arc::clone(&policy), config.max_redirects))
             .build()?;
-        Ok(Ctx { client, root, config, policy, http, gates: Mutex::new(HashMap::new()) })
+        Ok(Ctx { client, root, config, policy, http, gates: Mutex::new(HashMap::new()), running })
     }
 }
 
@@ -423,9 +433,15 @@ async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, p
     };
     // Dropping the attempt closes its connection (or kills its qemu-img, or stops its copy) and
     // removes its partial files.
+    let mut running = ctx.running.clone();
     let result = tokio::select! {
         r = work => r,
         () = deleted(dvs.clone(), name.clone(), uid.clone()) => Err(ImportError::Cancelled),
+        // Only closes: nothing is ever sent.
+        _ = running.changed() => {
+            tracing::info!("the DataVolume controller stopped: its import stopped, for the next one to start again");
+            return;
+        }
     };
     let retry = match &result {
         Err(ImportError::Transient(msg)) if restarts < ctx.config.max_retries => Some((msg.clone(), backoff(&ctx.config, restarts))),
@@ -489,7 +505,9 @@ fn error_policy(dv: Arc<DataVolume>, err: &ImportError, _: Arc<Ctx>) -> Action {
 pub async fn run(client: kube::Client, root: PathBuf, config: ImportConfig) -> Result<(), reqwest::Error> {
     let dvs: Api<DataVolume> = Api::all(client.clone());
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let ctx = Arc::new(Ctx::new(client, root, config)?);
+    // Held until this function returns or is dropped: see `Ctx::running`.
+    let (_running, running) = tokio::sync::watch::channel(());
+    let ctx = Arc::new(Ctx::new(client, root, config, running)?);
     Controller::new(dvs, watcher::Config::default())
         // The claim's binding wakes its DataVolume (the claim is named after it).
         .watches(pvcs, watcher::Config::default(), |pvc| {
@@ -536,7 +554,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (_server, client) = api_server(&dir.path().join("api")).await;
         let config = ImportConfig { max_retries: 0, ..ImportConfig::default() };
-        let ctx = Arc::new(Ctx::new(client.clone(), dir.path().join("storage"), config).unwrap());
+        let (_running, running) = tokio::sync::watch::channel(());
+        let ctx = Arc::new(Ctx::new(client.clone(), dir.path().join("storage"), config, running).unwrap());
         let dvs: Api<DataVolume> = Api::namespaced(client.clone(), "default");
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
         // Port 9 on loopback: refused by the network policy before any connection.
