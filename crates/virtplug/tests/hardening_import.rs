@@ -329,6 +329,32 @@ async fn unreachable_hosts_read_the_same_whatever_the_reason() {
     }
 }
 
+/// Starts DataVolume `name` from a source trickling 4 MiB at 100 KiB/s (40 s, above the
+/// default minimum rate; no Content-Length) and waits until 64 KiB went out: the server and the
+/// claim's directory.
+async fn transfer_under_way(e: &Env, name: &str) -> (Server, PathBuf) {
+    let trickle = Answer::Trickle { len: 4 << 20, piece: 2048, every: Duration::from_millis(20), announce: false };
+    let server = serve("127.0.0.1:0", trickle).await;
+    e.create(name, &server.url("/disk.raw"), "4Mi").await;
+    let dir = e.claim_dir(name).await;
+    let sent = Arc::clone(&server.sent);
+    common::wait_until(T, "the transfer to be under way (64 KiB sent)", || {
+        let under_way = sent.load(Ordering::SeqCst) >= 64 << 10;
+        async move { under_way.then_some(()) }
+    })
+    .await;
+    (server, dir)
+}
+
+/// The import's partial files in `dir`.
+fn partial_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".import-"))
+        .collect()
+}
+
 /// Deleting a DataVolume mid-transfer stops the download (the server sees the connection
 /// closed within seconds, not when the 40 s transfer would end), and nothing is left on disk.
 /// The source has no Content-Length, so no progress write fails on the deleted object: only
@@ -336,23 +362,9 @@ async fn unreachable_hosts_read_the_same_whatever_the_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_the_data_volume_stops_its_transfer_and_removes_the_partial_file() {
     let e = env(config(&["127.0.0.1"])).await;
-    // 4 MiB at 100 KiB/s: 40 s, well above the default minimum rate.
-    let trickle = Answer::Trickle { len: 4 << 20, piece: 2048, every: Duration::from_millis(20), announce: false };
-    let mut server = serve("127.0.0.1:0", trickle).await;
-    e.create("slow", &server.url("/disk.raw"), "4Mi").await;
-    let dir = e.claim_dir("slow").await;
-    let sent = Arc::clone(&server.sent);
-    common::wait_until(T, "the transfer to be under way (64 KiB sent)", || {
-        let under_way = sent.load(Ordering::SeqCst) >= 64 << 10;
-        async move { under_way.then_some(()) }
-    })
-    .await;
+    let (mut server, dir) = transfer_under_way(&e, "slow").await;
     e.phase("slow", "ImportInProgress").await;
-    let partial: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".import-"))
-        .collect();
+    let partial = partial_files(&dir);
 
     e.dvs.delete("slow", &DeleteParams::default()).await.unwrap();
     let sent = tokio::time::timeout(Duration::from_secs(10), server.closed.recv())
@@ -375,24 +387,8 @@ async fn deleting_the_data_volume_stops_its_transfer_and_removes_the_partial_fil
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_controllers_transfers_stop_with_it() {
     let e = env(config(&["127.0.0.1"])).await;
-    let trickle = Answer::Trickle { len: 4 << 20, piece: 2048, every: Duration::from_millis(20), announce: false };
-    let mut server = serve("127.0.0.1:0", trickle).await;
-    e.create("orphan", &server.url("/disk.raw"), "4Mi").await;
-    let dir = e.claim_dir("orphan").await;
-    let sent = Arc::clone(&server.sent);
-    common::wait_until(T, "the transfer to be under way (64 KiB sent)", || {
-        let under_way = sent.load(Ordering::SeqCst) >= 64 << 10;
-        async move { under_way.then_some(()) }
-    })
-    .await;
-    let partial = |dir: &Path| -> Vec<String> {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.contains(".import-"))
-            .collect()
-    };
-    assert_eq!(partial(&dir).len(), 1, "the transfer writes a partial file beside the image");
+    let (mut server, dir) = transfer_under_way(&e, "orphan").await;
+    assert_eq!(partial_files(&dir).len(), 1, "the transfer writes a partial file beside the image");
     e.ctl.abort();
     let sent = tokio::time::timeout(Duration::from_secs(10), server.closed.recv())
         .await
@@ -400,7 +396,7 @@ async fn a_stopped_controllers_transfers_stop_with_it() {
         .unwrap();
     assert!(sent < 4 << 20, "the transfer stopped before its end ({sent} bytes sent)");
     common::wait_until(T, "the partial file to be removed", || {
-        let gone = partial(&dir).is_empty();
+        let gone = partial_files(&dir).is_empty();
         async move { gone.then_some(()) }
     })
     .await;

@@ -411,58 +411,6 @@ async fn a_new_agent_adopts_running_vms_and_catches_up() {
     assert!(!qemu_after.alive());
 }
 
-/// Every version of VMI `name` with `uid`, in order, as (phase, reason), from now until it is
-/// gone or replaced.
-async fn phase_history(vmis: Api<VirtualMachineInstance>, name: &str, uid: &str) -> Vec<(String, String)> {
-    use futures::StreamExt;
-    let mut seen = Vec::new();
-    let stream = kube::runtime::watcher::watch_object(vmis, name);
-    let mut stream = std::pin::pin!(stream);
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(Some(v)) if v.uid().as_deref() == Some(uid) => {
-                let st = v.status.unwrap_or_default();
-                let now = (st.phase.map(|p| p.to_string()).unwrap_or_default(), st.reason.unwrap_or_default());
-                if seen.last() != Some(&now) {
-                    seen.push(now);
-                }
-            }
-            Ok(_) => return seen,
-            Err(_) => {} // the watcher re-lists; every version after that is still seen in order
-        }
-    }
-    seen
-}
-
-/// QEMU killed under a running guest: its VMI fails once, with the reason of that exit
-/// (`QEMUExited`), and keeps it until it is gone. The worker's copy of the VMI from just before
-/// the exit says `Running`: read as "QEMU died while no agent ran", it rewrote the reason as
-/// `QEMUGone` — and a guest power-off's `Succeeded` as `Failed`, which restarts a
-/// `RerunOnFailure` VM its guest turned off. (That copy is the one held only when the watch
-/// has not yet delivered the exit's own write when the worker looks again: on a loaded machine;
-/// `worker::phase`'s unit test pins the write's guard itself.) The controller (`runStrategy: Always`) deletes the failed VMI to start a new one: that
-/// deletion, which the worker handles after its first look at the VMI since the exit, ends the
-/// history.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_vm_whose_qemu_dies_keeps_the_phase_and_reason_of_that_exit() {
-    let e = Env::start().await;
-    let vmi = e.vm("crash").await;
-    let uid = vmi.uid().unwrap();
-    let history = tokio::spawn({
-        let (vmis, uid) = (e.vmis.clone(), uid.clone());
-        async move { phase_history(vmis, "crash", &uid).await }
-    });
-    let q = qemu::process::adopt(&e.run_dir(&vmi)).unwrap();
-    rustix::process::kill_process(rustix::process::Pid::from_raw(q.pid).unwrap(), rustix::process::Signal::KILL).unwrap();
-    let seen = tokio::time::timeout(SEE, history)
-        .await
-        .expect("timed out after 60 s waiting for the failed VMI to be deleted and replaced by the controller")
-        .unwrap();
-    let failed = seen.iter().position(|(p, _)| p == "Failed").unwrap_or_else(|| panic!("the VMI never failed: {seen:?}"));
-    assert_eq!(seen[failed].1, "QEMUExited", "{seen:?}");
-    assert!(seen[failed..].iter().all(|s| *s == seen[failed]), "the exit's phase and reason were rewritten: {seen:?}");
-}
-
 /// A tmpfs mounted by the test; unmounted (lazily, if still busy) when dropped.
 struct TmpfsMount(PathBuf);
 

@@ -217,12 +217,17 @@ async fn a_volume_whose_claim_is_not_ready_writes_its_wait_with_the_adopted_read
     assert_eq!(effects.writes(), [w(&[("kept", "Ready"), ("late", "Pending")])], "one write for both");
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_unplug_writes_detaching_raises_its_event_then_drops_the_entry() {
-    let (fake, m) = qemu();
+/// QEMU holds volume `gone`'s disk, confirms its unplug and frees its node.
+fn unplugs_gone(fake: &Fake) {
     fake.reply("qom-list", json!([{"name": "vp-gone", "type": "child<scsi-hd>"}]))
         .emit_after("device_del", "DEVICE_DELETED", json!({"device": "vp-gone"}))
         .reply("query-named-block-nodes", json!([{"node-name": "n-gone"}]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unplug_writes_detaching_raises_its_event_then_drops_the_entry() {
+    let (fake, m) = qemu();
+    unplugs_gone(&fake);
     let effects = Recorded::new();
     assert_eq!(run(&m, &Inventory::default(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await, None);
     assert_eq!(fake.commands(), ["qom-list", "device_del", "query-named-block-nodes", "blockdev-del"]);
@@ -244,9 +249,7 @@ async fn an_unplug_writes_detaching_raises_its_event_then_drops_the_entry() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_status_write_brings_the_next_pass_within_the_base_backoff() {
     let (fake, m) = qemu();
-    fake.reply("qom-list", json!([{"name": "vp-gone", "type": "child<scsi-hd>"}]))
-        .emit_after("device_del", "DEVICE_DELETED", json!({"device": "vp-gone"}))
-        .reply("query-named-block-nodes", json!([{"node-name": "n-gone"}]));
+    unplugs_gone(&fake);
     let effects = Recorded { refuse: Some(1), ..Recorded::new() };
     assert_eq!(
         run(&m, &Inventory::default(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await,

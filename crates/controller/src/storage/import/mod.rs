@@ -203,7 +203,12 @@ async fn set_status(api: &Api<DataVolume>, name: &str, f: impl Fn(&mut DataVolum
     client::update_status(api, name, |dv: &mut DataVolume| f(dv.status.get_or_insert_with(Default::default)))
         .await
         .map(|_| ())
-        .map_err(|e| ImportError::Transient(format!("cannot write the DataVolume's status: {}", client::error_chain(&e))))
+        .map_err(|e| status_error(&e))
+}
+
+/// A failed status write: transient (the reconcile runs again).
+fn status_error(e: &dyn std::error::Error) -> ImportError {
+    ImportError::Transient(format!("cannot write the DataVolume's status: {}", client::error_chain(e)))
 }
 
 /// The claim a DataVolume asks for.
@@ -381,7 +386,7 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
                 tracing::debug!("no new attempt: {source}");
                 Ok(Action::await_change())
             }
-            e => Err(ImportError::Transient(format!("cannot write the DataVolume's status: {}", client::error_chain(&e)))),
+            e => Err(status_error(&e)),
         };
     }
     tokio::spawn(run_attempt(ctx, dvs, dv, pvc, job, restarts).in_current_span());
