@@ -56,6 +56,8 @@ pub mod store;
 pub mod subresources;
 pub mod table;
 pub mod target;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tokens;
 pub mod tunnel;
 pub mod verbs;

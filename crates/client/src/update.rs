@@ -14,6 +14,10 @@
 //! 6. On 409 Conflict (someone else wrote in between), back off with jitter and go to 2, up to
 //!    `attempts` times; then return the Conflict. It never overwrites blindly.
 //!
+//! A write that nothing else would redo once lost (an import's outcome, a finalizer's removal)
+//! goes through [`persist`], which runs the whole read-modify-write again, with backoff, until
+//! it is written or cannot ever be (the object is gone or refused by the mutation).
+//!
 //! # Guarantees
 //! - A write is always based on the object as it was when the mutation ran: two writers can never
 //!   lose each other's changes, even when one of them replaces a whole array (`disks`).
@@ -320,6 +324,50 @@ where
     }
 }
 
+/// The backoff of [`persist`]: 100 ms, doubling to 5 s, ±20 %.
+pub const PERSIST_BACKOFF: Backoff =
+    Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(5), jitter: Jitter::Proportional(0.2) };
+
+/// Runs `write` (an [`update`]-style read-modify-write) again, with [`PERSIST_BACKOFF`], until it
+/// is written or cannot ever be: for a write nothing else would redo once it is lost (a final
+/// outcome, a finalizer's removal), whose loss would leave the object stuck until a restart.
+///
+/// Retried: repeated Conflicts, 429 and 5xx answers, and failures without an answer (the
+/// connection). Returned: success, and every error that another try cannot change (404: the
+/// object is gone; the mutation's refusal, e.g. because the object is now another one of the
+/// same name; any other 4xx; an encoding error). `what` names the write in the log.
+///
+/// # Errors
+/// The last error, when it is one of those that end the retries.
+pub async fn persist<T, E, F>(what: &str, mut write: impl FnMut() -> F) -> Result<T, UpdateError<E>>
+where
+    E: std::error::Error + 'static,
+    F: Future<Output = Result<T, UpdateError<E>>>,
+{
+    let mut retry = 0u32;
+    loop {
+        match write().await {
+            Err(e) if worth_retrying(&e) => {
+                retry = retry.saturating_add(1);
+                let delay = PERSIST_BACKOFF.delay(retry);
+                tracing::warn!("cannot {what} (trying again in {delay:.1?}): {}", crate::error_chain(&e));
+                tokio::time::sleep(delay).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Whether another try of a write may succeed where this one failed.
+fn worth_retrying<E: std::error::Error + 'static>(e: &UpdateError<E>) -> bool {
+    match e {
+        UpdateError::Conflict { .. } => true,
+        UpdateError::Api { source: kube::Error::Api(s), .. } => s.code == 429 || s.code >= 500,
+        UpdateError::Api { .. } => true,
+        UpdateError::Mutate { .. } | UpdateError::Codec { .. } => false,
+    }
+}
+
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
@@ -413,6 +461,32 @@ where
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// [`persist`] sends again what the server may take later (a Conflict give-up, 429, 5xx, no
+    /// answer) and stops on what no retry changes (gone, refused by the mutation, other 4xx).
+    #[test]
+    fn persist_retries_what_may_pass_later_and_stops_on_what_cannot() {
+        let api = |code: u16| UpdateError::<std::fmt::Error>::Api {
+            kind: "K".into(),
+            object: "o".into(),
+            source: kube::Error::Api(kube::core::Status::failure("m", "r").with_code(code).boxed()),
+        };
+        let conflict = UpdateError::<std::fmt::Error>::Conflict {
+            kind: "K".into(),
+            object: "o".into(),
+            attempts: 5,
+            source: kube::Error::LinesCodecMaxLineLengthExceeded,
+        };
+        let mutate = UpdateError::Mutate { kind: "K".into(), object: "o".into(), source: std::fmt::Error };
+        let unanswered = UpdateError::<std::fmt::Error>::Api {
+            kind: "K".into(),
+            object: "o".into(),
+            source: kube::Error::LinesCodecMaxLineLengthExceeded,
+        };
+        let got: Vec<bool> =
+            [api(503), api(500), api(429), conflict, unanswered, api(404), api(403), api(422), mutate].iter().map(worth_retrying).collect();
+        assert_eq!(got, [true, true, true, true, true, false, false, false, false]);
+    }
 
     #[test]
     fn merge_diff_round_trips_through_merge() {

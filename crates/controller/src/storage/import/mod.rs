@@ -393,7 +393,8 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
     Ok(Action::await_change())
 }
 
-/// Why a reconcile holding an older copy of the DataVolume starts no attempt.
+/// Why a reconcile holding an older copy of the DataVolume starts no attempt (or an attempt's
+/// outcome is not written).
 #[derive(Debug, thiserror::Error)]
 enum NotScheduled {
     #[error("the import has finished (phase {0:?})")]
@@ -467,7 +468,7 @@ async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, p
             let msg_delay = format!("{msg}; retrying in {delay:.1?}");
             events::publish(&ctx.client, COMPONENT, dv.as_ref(), EventType::Warning, "ImportRetry", &msg_delay).await;
             let scheduled = if matches!(job, Job::Clone(_)) { DataVolumePhase::CloneScheduled } else { DataVolumePhase::ImportScheduled };
-            let _ = set_status(&dvs, &name, |s| {
+            write_outcome(&ctx, &dvs, &dv, "record the import's retry", |s| {
                 s.phase = Some(scheduled.clone());
                 s.restart_count = Some(restarts + 1);
                 set_condition(&mut s.conditions, condition("Running", false, "Error", &msg));
@@ -476,24 +477,65 @@ async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, p
             return;
         }
         (Err(ImportError::Permanent(msg)), None) => {
-            let _ = fail(&ctx, &dvs, &dv, msg).await;
+            announce_failure(&ctx, &dv, msg).await;
+            write_outcome(&ctx, &dvs, &dv, "record the import's failure", |s| failed(s, msg)).await;
         }
         (Err(ImportError::Transient(msg)), None) => {
-            let _ = fail(&ctx, &dvs, &dv, &format!("{msg} (gave up after {} attempts)", restarts + 1)).await;
+            let msg = format!("{msg} (gave up after {} attempts)", restarts + 1);
+            announce_failure(&ctx, &dv, &msg).await;
+            write_outcome(&ctx, &dvs, &dv, "record the import's failure", |s| failed(s, &msg)).await;
         }
     }
     ctx.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&uid);
 }
 
-async fn fail(ctx: &Ctx, dvs: &Api<DataVolume>, dv: &DataVolume, msg: &str) -> Result<(), ImportError> {
+/// Writes an attempt's outcome to its DataVolume, again until it is written
+/// ([`client::persist`]): nothing else writes it, and a lost one would leave the DataVolume
+/// `ImportInProgress` (or its retry uncounted) until the next resync, up to an hour. Ends
+/// without writing when the DataVolume is gone or is another one of the same name, and when the
+/// controller stops (the next one finds the attempt unfinished and starts it again).
+async fn write_outcome(ctx: &Ctx, dvs: &Api<DataVolume>, dv: &DataVolume, what: &str, f: impl Fn(&mut DataVolumeStatus)) {
+    let (name, uid, opts) = (dv.name_any(), dv.uid(), client::UpdateOptions::default());
+    let (name, uid, opts, f) = (&name, &uid, &opts, &f);
+    let write = client::persist(what, || {
+        client::try_update_status(dvs, name, opts, |fresh: &mut DataVolume| {
+            if fresh.uid() != *uid {
+                return Err(NotScheduled::Replaced);
+            }
+            f(fresh.status.get_or_insert_with(Default::default));
+            Ok(())
+        })
+    });
+    let mut running = ctx.running.clone();
+    tokio::select! {
+        r = write => match r {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() || matches!(e, client::UpdateError::Mutate { .. }) => {
+                tracing::info!("the DataVolume is gone: its import's outcome is not recorded");
+            }
+            Err(e) => tracing::warn!("{}", status_error(&e)),
+        },
+        // Only closes: nothing is ever sent.
+        _ = running.changed() => {}
+    }
+}
+
+/// A failed import's status.
+fn failed(s: &mut DataVolumeStatus, msg: &str) {
+    s.phase = Some(DataVolumePhase::Failed);
+    set_condition(&mut s.conditions, condition("Running", false, "Error", msg));
+    set_condition(&mut s.conditions, condition("Ready", false, "Error", msg));
+}
+
+/// The Event and log line of a failed import.
+async fn announce_failure(ctx: &Ctx, dv: &DataVolume, msg: &str) {
     events::publish(&ctx.client, COMPONENT, dv, EventType::Warning, "ImportFailed", msg).await;
     tracing::warn!("{msg}");
-    set_status(dvs, &dv.name_any(), |s| {
-        s.phase = Some(DataVolumePhase::Failed);
-        set_condition(&mut s.conditions, condition("Running", false, "Error", msg));
-        set_condition(&mut s.conditions, condition("Ready", false, "Error", msg));
-    })
-    .await
+}
+
+async fn fail(ctx: &Ctx, dvs: &Api<DataVolume>, dv: &DataVolume, msg: &str) -> Result<(), ImportError> {
+    announce_failure(ctx, dv, msg).await;
+    set_status(dvs, &dv.name_any(), |s| failed(s, msg)).await
 }
 
 // kube-runtime's error policy signature takes the object by value.
@@ -546,6 +588,22 @@ mod tests {
         (server, client)
     }
 
+    /// The claim `d` for a DataVolume of 1 MiB from `url`, bound.
+    async fn bound_dv(client: &kube::Client, url: &str) -> DataVolume {
+        let dvs: Api<DataVolume> = Api::namespaced(client.clone(), "default");
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+        let dv: DataVolume = serde_json::from_value(json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "d", "namespace": "default"},
+            "spec": {"source": {"http": {"url": url}}, "storage": {"resources": {"requests": {"storage": "1Mi"}}}}}))
+        .unwrap();
+        let dv = dvs.create(&PostParams::default(), &dv).await.unwrap();
+        let mut claim = claim_for(&dv).unwrap();
+        claim.metadata.namespace = Some("default".into());
+        pvcs.create(&PostParams::default(), &claim).await.unwrap();
+        pvcs.patch_status("d", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Bound"}}))).await.unwrap();
+        dv
+    }
+
     fn phase(dv: &DataVolume) -> Option<DataVolumePhase> {
         dv.status.as_ref().and_then(|s| s.phase.clone())
     }
@@ -562,17 +620,8 @@ mod tests {
         let (_running, running) = tokio::sync::watch::channel(());
         let ctx = Arc::new(Ctx::new(client.clone(), dir.path().join("storage"), config, running).unwrap());
         let dvs: Api<DataVolume> = Api::namespaced(client.clone(), "default");
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
         // Port 9 on loopback: refused by the network policy before any connection.
-        let dv: DataVolume = serde_json::from_value(json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
-            "metadata": {"name": "d", "namespace": "default"},
-            "spec": {"source": {"http": {"url": "http://127.0.0.1:9/disk.raw"}}, "storage": {"resources": {"requests": {"storage": "1Mi"}}}}}))
-        .unwrap();
-        let dv = dvs.create(&PostParams::default(), &dv).await.unwrap();
-        let mut claim = claim_for(&dv).unwrap();
-        claim.metadata.namespace = Some("default".into());
-        pvcs.create(&PostParams::default(), &claim).await.unwrap();
-        pvcs.patch_status("d", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Bound"}}))).await.unwrap();
+        bound_dv(&client, "http://127.0.0.1:9/disk.raw").await;
 
         // A fresh copy starts an attempt, which fails for good (the host is refused).
         let before = dvs.get("d").await.unwrap();
@@ -602,5 +651,46 @@ mod tests {
         assert_eq!(phase(&after), Some(DataVolumePhase::Succeeded), "{:?}", after.status);
         assert_eq!(after.metadata.resource_version, done.metadata.resource_version, "nothing was written");
         assert!(ctx.gates.lock().unwrap().is_empty(), "no attempt holds the gate");
+    }
+
+    /// An attempt's outcome is the one write nothing else redoes: when the API server refuses it
+    /// (here three times, 503), it is sent again until it is written, and no second attempt is
+    /// started meanwhile. It used to be dropped, leaving the DataVolume `ImportInProgress`.
+    #[tokio::test]
+    async fn a_refused_outcome_is_written_again_until_it_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let server = apiserver::Server::open(&apiserver::Config::new(&dir.path().join("api")), None).await.unwrap();
+        let refusals = apiserver::testing::Refusals::first(3, |_, path, body| path.ends_with("/status") && body.contains("\"Failed\""));
+        let client = client::in_process(apiserver::testing::refusing(server.local_router(), Arc::clone(&refusals)));
+        let config = ImportConfig { max_retries: 0, ..ImportConfig::default() };
+        let (_running, running) = tokio::sync::watch::channel(());
+        let ctx = Arc::new(Ctx::new(client.clone(), dir.path().join("storage"), config, running).unwrap());
+        let dvs: Api<DataVolume> = Api::namespaced(client.clone(), "default");
+        // Port 9 on loopback: refused by the network policy, a failure for good.
+        let dv = bound_dv(&client, "http://127.0.0.1:9/disk.raw").await;
+
+        reconcile_once(Arc::new(dv), Arc::clone(&ctx)).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let failed = loop {
+            let now = dvs.get("d").await.unwrap();
+            if phase(&now) == Some(DataVolumePhase::Failed) && ctx.gates.lock().unwrap().is_empty() {
+                break now;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after 30 s waiting for the refused `Failed` to be written again: {:?}; writes {:?}",
+                now.status,
+                refusals.seen()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let conditions = &failed.status.as_ref().unwrap().conditions;
+        assert!(conditions.iter().any(|c| c.type_ == "Ready" && c.status == "False"), "{conditions:?}");
+        let status_writes: Vec<_> = refusals.seen().into_iter().filter(|w| w.path.ends_with("/status")).collect();
+        let refused = status_writes.iter().filter(|w| w.refused).count();
+        let outcomes = status_writes.iter().filter(|w| w.body.contains("\"Failed\"")).count();
+        let attempts = status_writes.iter().filter(|w| w.body.contains("ImportScheduled")).count();
+        assert_eq!((refused, outcomes, attempts), (3, 4, 1), "3 refused, the 4th stored, one attempt: {status_writes:?}");
     }
 }
