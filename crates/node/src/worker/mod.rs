@@ -237,7 +237,7 @@ impl Worker {
             p.kill().await;
         }
         stop::forget(&self.run_dir).await;
-        stop::remove_finalizer(&self.shared, vmi).await;
+        stop::remove_finalizer(&self.shared.client, vmi).await;
     }
 
     /// Takes over the VMI's running QEMU, or launches it for a `Scheduled` VMI; a `Running` VMI

@@ -14,7 +14,6 @@ use api::VirtualMachineInstance;
 
 use super::live::{running_qemu, Live};
 use super::phase::apply_phase;
-use crate::config::Shared;
 use crate::reasons::VmiReason;
 
 /// VMI finalizer the agent removes once QEMU is gone.
@@ -99,18 +98,87 @@ pub(super) async fn forget(run_dir: &Path) {
     let _ = removed.await;
 }
 
-/// Removes the agent's finalizer from the VMI, once its QEMU is gone.
-pub(super) async fn remove_finalizer(shared: &Shared, vmi: &VirtualMachineInstance) {
-    let api: Api<VirtualMachineInstance> = Api::namespaced(shared.client.clone(), &vmi.namespace().unwrap_or_default());
-    let r = client::update(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
-        if let Some(f) = v.metadata.finalizers.as_mut() {
-            f.retain(|x| x != FINALIZER);
-        }
+/// Removes the agent's finalizer from the VMI, once its QEMU is gone; again until it is
+/// written ([`client::persist`]): the worker ends after this, so nothing else would remove it,
+/// and a lost write left the VMI terminating until the agent restarted. A newer VMI of the same
+/// name keeps its finalizer (its own worker removes it).
+pub(super) async fn remove_finalizer(client: &kube::Client, vmi: &VirtualMachineInstance) {
+    let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &vmi.namespace().unwrap_or_default());
+    let (name, uid, opts) = (vmi.name_any(), vmi.uid(), client::UpdateOptions::default());
+    let (api, name, uid, opts) = (&api, &name, &uid, &opts);
+    let r = client::persist("remove its finalizer", || {
+        client::try_update(api, name, opts, |v: &mut VirtualMachineInstance| {
+            if v.uid() != *uid {
+                return Err(Replaced);
+            }
+            if let Some(f) = v.metadata.finalizers.as_mut() {
+                f.retain(|x| x != FINALIZER);
+            }
+            Ok(())
+        })
     })
     .await;
     match r {
         Ok(_) => {}
         Err(e) if e.is_not_found() => {}
+        Err(client::UpdateError::Mutate { .. }) => tracing::debug!("a newer VMI of the same name: its finalizer stays"),
         Err(e) => tracing::warn!("cannot remove its finalizer: {e}"),
+    }
+}
+
+/// The VMI a write was meant for was replaced by another of the same name.
+#[derive(Debug, thiserror::Error)]
+#[error("the VMI was replaced by another of the same name")]
+struct Replaced;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use kube::api::PostParams;
+
+    use super::*;
+
+    fn vmi_with_finalizer() -> VirtualMachineInstance {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "v", "namespace": "default", "finalizers": [FINALIZER, "example.com/other"]},
+            "spec": {"domain": {"devices": {}}}}))
+        .unwrap()
+    }
+
+    /// The finalizer's removal is the worker's last write: refused by the API server (here three
+    /// times, 503) it is sent again until stored, and only the agent's finalizer goes. A newer
+    /// VMI of the same name keeps its own. Against the real API server, in process.
+    #[tokio::test]
+    async fn a_refused_finalizer_removal_is_written_again_and_spares_a_newer_vmi() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
+        let refusals = apiserver::testing::Refusals::first(3, |m, path, _| *m == "PATCH" && path.ends_with("/virtualmachineinstances/v"));
+        let client = client::in_process(apiserver::testing::refusing(server.local_router(), Arc::clone(&refusals)));
+        let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
+        let vmi = api.create(&PostParams::default(), &vmi_with_finalizer()).await.unwrap();
+
+        tokio::time::timeout(Duration::from_secs(30), remove_finalizer(&client, &vmi))
+            .await
+            .unwrap_or_else(|_| panic!("timed out after 30 s removing the finalizer; writes {:?}", refusals.seen()));
+        let now = api.get("v").await.unwrap();
+        assert_eq!(now.metadata.finalizers, Some(vec!["example.com/other".to_owned()]), "only the agent's finalizer went");
+        let patches: Vec<_> = refusals.seen().into_iter().filter(|w| w.path.ends_with("/v")).collect();
+        assert_eq!((patches.len(), patches.iter().filter(|w| w.refused).count()), (4, 3), "3 refused, the 4th stored: {patches:?}");
+
+        // Another VMI of the same name: the old worker's removal leaves its finalizers.
+        api.delete("v", &kube::api::DeleteParams::default()).await.unwrap();
+        let mut last = api.get("v").await.unwrap();
+        last.metadata.finalizers = None;
+        api.replace("v", &PostParams::default(), &last).await.unwrap();
+        let newer = api.create(&PostParams::default(), &vmi_with_finalizer()).await.unwrap();
+        assert_ne!(newer.uid(), vmi.uid());
+        remove_finalizer(&client, &vmi).await;
+        let kept = api.get("v").await.unwrap();
+        assert_eq!(kept.metadata.finalizers, newer.metadata.finalizers, "the newer VMI's finalizers stay");
+        assert_eq!(kept.metadata.resource_version, newer.metadata.resource_version, "nothing was written");
     }
 }
