@@ -63,7 +63,7 @@ fn refused(e: &OverrideError) -> RfError {
 /// 404 for a System the caller does not see, 412 for a stale `If-Match`, 400 for a target the
 /// VM has no device for.
 pub async fn set(svc: &Arc<Service>, caller: &Caller, uid: &str, patch: BootPatch, h: &HeaderMap) -> Result<http::Response<Body>, RfError> {
-    let _turn = client::locks::lock(&format!("redfish/system/{uid}")).await;
+    let _turn = crate::service::system_turn(uid).await;
     let ctx = Ctx { svc, caller: Some(caller) };
     let shown = resources::get(&ctx, &Uri::System(uid.to_owned()))?;
     protocol::check_if_match(h, &protocol::etag(&shown))?;

@@ -227,10 +227,16 @@ fn new_medium(vm: &VirtualMachine, url: &str) -> DataVolume {
 }
 
 /// Deletes the virtual-media DataVolumes of `vm` that neither its spec nor its VMI uses.
+///
+/// The caller holds the System's turn: an insert creates its DataVolume before the VM's spec
+/// names it, and holds the turn until then. The spec is read fresh before anything is deleted,
+/// so a cache that has not yet seen an insert's write deletes nothing that insert put in the
+/// drive (the cached VMI can only be behind in the other direction: it shows a medium the guest
+/// still holds, never one the spec does not name yet).
 pub(crate) async fn sweep(svc: &Service, vm: &VirtualMachine) {
     let ns = vm.namespace().unwrap_or_default();
     let vmi = svc.cache.vmi(vm);
-    let used = |name: &str| {
+    let used = |vm: &VirtualMachine, name: &str| {
         let in_vm = vm
             .spec
             .template
@@ -247,13 +253,31 @@ pub(crate) async fn sweep(svc: &Service, vm: &VirtualMachine) {
         });
         in_vm || in_vmi
     };
-    let api: Api<DataVolume> = Api::namespaced(svc.client.clone(), &ns);
-    for dv in svc.cache.media_of(&ns, &vm.name_any()) {
-        let name = dv.name_any();
-        if dv.metadata.deletion_timestamp.is_some() || used(&name) {
-            continue;
+    let unused: Vec<String> = svc
+        .cache
+        .media_of(&ns, &vm.name_any())
+        .into_iter()
+        .filter(|dv| dv.metadata.deletion_timestamp.is_none())
+        .map(|dv| dv.name_any())
+        .filter(|name| !used(vm, name))
+        .collect();
+    if unused.is_empty() {
+        return;
+    }
+    let vms: Api<VirtualMachine> = Api::namespaced(svc.client.clone(), &ns);
+    let fresh = match vms.get(&vm.name_any()).await {
+        Ok(v) if v.uid() == vm.uid() => v,
+        // Gone or replaced: its media go with it (owner references).
+        Ok(_) => return,
+        Err(kube::Error::Api(s)) if s.code == 404 => return,
+        Err(e) => {
+            tracing::warn!(vm = %vm.name_any(), "cannot read the VM to free its unused virtual media (kept): {}", client::error_chain(&e));
+            return;
         }
-        match api.delete(&name, &DeleteParams::default()).await {
+    };
+    let api: Api<DataVolume> = Api::namespaced(svc.client.clone(), &ns);
+    for name in unused.iter().filter(|n| !used(&fresh, n)) {
+        match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => tracing::info!(vm = %vm.name_any(), dv = %name, "freed an ejected virtual medium"),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => tracing::warn!(dv = %name, "cannot delete an unused virtual medium: {}", client::error_chain(&e)),
@@ -274,7 +298,7 @@ pub async fn insert(
     body: &str,
 ) -> Result<http::Response<Body>, RfError> {
     let (goal, undo) = {
-        let _turn = client::locks::lock(&format!("redfish/system/{uid}")).await;
+        let _turn = crate::service::system_turn(uid).await;
         let vm = svc.cache.vm(uid, &caller.scope).ok_or_else(|| RfError::resource_not_found("ComputerSystem", uid))?;
         let ns = vm.namespace().unwrap_or_default();
         let vmi = svc.cache.vmi(&vm).filter(|v| power::active(v));
@@ -328,7 +352,7 @@ pub async fn insert(
 /// 404 for a System the caller does not see.
 pub async fn eject(svc: &Arc<Service>, caller: &Caller, uid: &str, target: &Uri, body: &str) -> Result<http::Response<Body>, RfError> {
     {
-        let _turn = client::locks::lock(&format!("redfish/system/{uid}")).await;
+        let _turn = crate::service::system_turn(uid).await;
         let vm = svc.cache.vm(uid, &caller.scope).ok_or_else(|| RfError::resource_not_found("ComputerSystem", uid))?;
         if vmedia::medium(&vm).is_some() {
             let vms: Api<VirtualMachine> = Api::namespaced(svc.client.clone(), &vm.namespace().unwrap_or_default());
@@ -372,6 +396,8 @@ async fn finish(
 async fn settle(svc: &Service, uid: &str, goal: &Goal, outcome: &Progress, undo: Option<&Undo>) {
     match (outcome, goal) {
         (Progress::Reached, _) => {
+            // Under the System's turn (see `sweep`).
+            let _turn = crate::service::system_turn(uid).await;
             if let Some(vm) = svc.cache.vm(uid, &Scope::default()) {
                 sweep(svc, &vm).await;
             }
@@ -391,7 +417,7 @@ async fn settle(svc: &Service, uid: &str, goal: &Goal, outcome: &Progress, undo:
 async fn rollback(svc: &Service, uid: &str, undo: Option<&Undo>) {
     let Some(undo) = undo else { return };
     let Some(vm) = svc.cache.vm(uid, &Scope::default()) else { return };
-    let _turn = client::locks::lock(&format!("redfish/system/{uid}")).await;
+    let _turn = crate::service::system_turn(uid).await;
     let vms: Api<VirtualMachine> = Api::namespaced(svc.client.clone(), &vm.namespace().unwrap_or_default());
     let old_exists = undo.old.as_ref().is_some_and(|o| svc.cache.medium(&vm.namespace().unwrap_or_default(), o).is_some());
     let r = client::update(&vms, &vm.name_any(), |v: &mut VirtualMachine| {

@@ -179,7 +179,7 @@ async fn issue(svc: &Service, vm: &VirtualMachine, vmi: Option<&VirtualMachineIn
 /// 404 for a System the caller does not see; 409 when the reset conflicts with the state.
 pub async fn reset(svc: &Arc<Service>, caller: &Caller, uid: &str, reset: ResetType, body: &str) -> Result<http::Response<Body>, RfError> {
     let goal = {
-        let _turn = client::locks::lock(&format!("redfish/system/{uid}")).await;
+        let _turn = crate::service::system_turn(uid).await;
         let vm = svc.cache.vm(uid, &caller.scope).ok_or_else(|| RfError::resource_not_found("ComputerSystem", uid))?;
         let vmi = svc.cache.vmi(&vm);
         let before = power::state(&vm, vmi.as_deref());

@@ -49,6 +49,13 @@ pub enum StartError {
     Dir(#[source] accounts_store::StoreError),
 }
 
+/// The turn of System `uid`: its inserts, ejects, boot overrides and resets run one at a time
+/// (each on a fresh read of the VM, written with a precondition), and a sweep of its unused
+/// media never runs between an insert's DataVolume and the VM write that names it.
+pub(crate) async fn system_turn(uid: &str) -> client::locks::ObjectLock {
+    client::locks::lock(&format!("redfish/system/{uid}")).await
+}
+
 /// The running service's state.
 pub struct Service {
     pub(crate) client: kube::Client,
