@@ -12,7 +12,9 @@
 //! - A Node tainted [`OUT_OF_SERVICE_TAINT`] by its administrator (Kubernetes' non-graceful
 //!   shutdown: the machine is known to be off) whose agent is not heartbeating: its unfinished
 //!   VMIs go to `Failed` (reason `NodeFenced`); the VM controller then releases their finalizer
-//!   and starts `Always` VMs on another node.
+//!   and starts `Always` VMs on another node. The taint and the silence are checked again on a
+//!   fresh read of the Node first (the watched copy may predate the node's return), and each VMI
+//!   is failed only if its fresh copy is still the one listed, on that node.
 //!
 //! # Guarantees
 //! Never two QEMUs on one disk: a stale heartbeat alone fails no VMI (an agent that is down leaves
@@ -101,8 +103,17 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, NodeError> 
         }
         return Ok(Action::await_change());
     }
-    if fenced(&node) && node.labels().get(NODE_SCHEDULABLE).map(String::as_str) != Some("true") {
-        fail_vmis(&ctx.client, &name).await.map_err(err("fail the VMIs of the fenced node"))?;
+    if fenced_and_silent(&node) {
+        // The watched copy may be older than the administrator's untainting or the agent's
+        // return: failing a running node's VMIs would start their VMs a second time elsewhere.
+        let nodes: Api<Node> = Api::all(ctx.client.clone());
+        match nodes.get_opt(&name).await.map_err(|e| err("read the fenced node")(e.into()))? {
+            Some(fresh) if fresh.uid() == node.uid() && fenced_and_silent(&fresh) => {
+                fail_vmis(&ctx.client, &name).await.map_err(err("fail the VMIs of the fenced node"))?;
+            }
+            // Its own watch event brings the fresh copy.
+            _ => tracing::debug!(node = %name, "no longer fenced, or replaced: its VMIs are left as they are"),
+        }
         return Ok(Action::await_change());
     }
     // Fresh: look again when the heartbeat would expire (a new heartbeat wakes it earlier).
@@ -114,6 +125,11 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Ctx>) -> Result<Action, NodeError> 
     })
 }
 
+/// Whether the node is fenced and its agent is not heartbeating (see the module docs).
+fn fenced_and_silent(node: &Node) -> bool {
+    fenced(node) && node.labels().get(NODE_SCHEDULABLE).map(String::as_str) != Some("true")
+}
+
 /// Moves every unfinished VMI on `node` to `Failed` (the node is fenced: their QEMUs are gone).
 async fn fail_vmis(client: &kube::Client, node: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let all: Api<VirtualMachineInstance> = Api::all(client.clone());
@@ -122,6 +138,10 @@ async fn fail_vmis(client: &kube::Client, node: &str) -> Result<(), Box<dyn std:
         let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &vmi.namespace().unwrap_or_default());
         let message = format!("node {node} is fenced ({OUT_OF_SERVICE_TAINT}) and its agent is gone: the VM is not running");
         client::update_status(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
+            // A VMI that moved (a migration's target) or a newer one of the same name is not here.
+            if v.uid() != vmi.uid() || v.labels().get(NODE_LABEL).map(String::as_str) != Some(node) {
+                return;
+            }
             let s = v.status.get_or_insert_with(VirtualMachineInstanceStatus::default);
             if !s.phase.as_ref().is_some_and(VmiPhase::is_final) {
                 s.phase = Some(VmiPhase::Failed);
@@ -174,6 +194,46 @@ mod tests {
         assert!(stale(&node(Some("true"), Some("yesterday")), now, t), "an unreadable heartbeat is none");
         assert!(!stale(&node(Some("false"), Some("2026-12-02T09:00:00Z")), now, t), "already marked");
         assert!(!stale(&node(None, None), now, t), "never had an agent: nothing to take away");
+    }
+
+    /// A reconcile holding a copy of the node from before its taint was removed (and its agent
+    /// came back) fails none of its VMIs; with the fresh copy still fenced, it fails them. Against
+    /// the real API server, in process.
+    #[tokio::test]
+    async fn a_copy_from_before_the_node_came_back_fails_no_vmi() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
+        let client = client::in_process(server.local_router());
+        let ctx = Arc::new(Ctx { client: client.clone(), timeout: DEFAULT_HEARTBEAT_TIMEOUT });
+        let nodes: Api<Node> = Api::all(client.clone());
+        let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
+        let taint = json!([{"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"}]);
+        let pp = kube::api::PostParams::default();
+        let fenced_node: Node = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n", "labels": {NODE_SCHEDULABLE: "false"}}, "spec": {"taints": taint}}))
+        .unwrap();
+        let fenced_node = nodes.create(&pp, &fenced_node).await.unwrap();
+        let vmi: VirtualMachineInstance = serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "v", "namespace": "default", "labels": {NODE_LABEL: "n"}}, "spec": {"domain": {"devices": {}}}}))
+        .unwrap();
+        vmis.create(&pp, &vmi).await.unwrap();
+        let (patch, mp) = (kube::api::Patch::Merge, kube::api::PatchParams::default());
+        vmis.patch_status("v", &mp, &patch(json!({"status": {"phase": "Running"}}))).await.unwrap();
+        let phase = || async { vmis.get("v").await.unwrap().status.and_then(|s| s.phase) };
+
+        // The node came back: untainted, its agent heartbeating.
+        nodes.patch("n", &mp, &patch(json!({"metadata": {"labels": {NODE_SCHEDULABLE: "true"}}, "spec": {"taints": null}}))).await.unwrap();
+        reconcile(Arc::new(fenced_node.clone()), Arc::clone(&ctx)).await.unwrap();
+        assert_eq!(phase().await, Some(VmiPhase::Running), "the stale copy failed a VMI of a node that is back");
+
+        // Fenced again, for real: the VMI fails.
+        nodes
+            .patch("n", &mp, &patch(json!({"metadata": {"labels": {NODE_SCHEDULABLE: "false"}}, "spec": {"taints": taint}})))
+            .await
+            .unwrap();
+        reconcile(Arc::new(nodes.get("n").await.unwrap()), Arc::clone(&ctx)).await.unwrap();
+        assert_eq!(phase().await, Some(VmiPhase::Failed));
     }
 
     #[test]
