@@ -15,7 +15,7 @@ pub mod upgrade;
 pub use patch_if::{patch_if, patch_if_seen, PatchIfError, PatchIfOptions, Patched};
 pub use update::{
     blind_patch, blind_patch_keys, merge_diff, persist, try_update, try_update_status, update, update_from, update_status,
-    update_status_from, BeforeWrite, MetaKey, Never, Object, UpdateError, UpdateOptions, Updated, PERSIST_BACKOFF,
+    update_status_from, BeforeWrite, MetaKey, Never, Object, Transient, UpdateError, UpdateOptions, Updated, PERSIST_BACKOFF,
 };
 
 use std::path::{Path, PathBuf};

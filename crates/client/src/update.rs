@@ -328,9 +328,10 @@ where
 pub const PERSIST_BACKOFF: Backoff =
     Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(5), jitter: Jitter::Proportional(0.2) };
 
-/// Runs `write` (an [`update`]-style read-modify-write) again, with [`PERSIST_BACKOFF`], until it
-/// is written or cannot ever be: for a write nothing else would redo once it is lost (a final
-/// outcome, a finalizer's removal), whose loss would leave the object stuck until a restart.
+/// Runs `write` (an [`update`]-style read-modify-write, or a [`blind_patch`]) again, with
+/// [`PERSIST_BACKOFF`], until it is written or cannot ever be: for a write nothing else would
+/// redo once it is lost (a final outcome, a finalizer's removal, an answer to a request), whose
+/// loss would leave the object stuck until a restart.
 ///
 /// Retried: repeated Conflicts, 429 and 5xx answers, and failures without an answer (the
 /// connection). Returned: success, and every error that another try cannot change (404: the
@@ -339,15 +340,15 @@ pub const PERSIST_BACKOFF: Backoff =
 ///
 /// # Errors
 /// The last error, when it is one of those that end the retries.
-pub async fn persist<T, E, F>(what: &str, mut write: impl FnMut() -> F) -> Result<T, UpdateError<E>>
+pub async fn persist<T, E, F>(what: &str, mut write: impl FnMut() -> F) -> Result<T, E>
 where
-    E: std::error::Error + 'static,
-    F: Future<Output = Result<T, UpdateError<E>>>,
+    E: Transient + std::error::Error + 'static,
+    F: Future<Output = Result<T, E>>,
 {
     let mut retry = 0u32;
     loop {
         match write().await {
-            Err(e) if worth_retrying(&e) => {
+            Err(e) if e.transient() => {
                 retry = retry.saturating_add(1);
                 let delay = PERSIST_BACKOFF.delay(retry);
                 tracing::warn!("cannot {what} (trying again in {delay:.1?}): {}", crate::error_chain(&e));
@@ -358,13 +359,27 @@ where
     }
 }
 
-/// Whether another try of a write may succeed where this one failed.
-fn worth_retrying<E: std::error::Error + 'static>(e: &UpdateError<E>) -> bool {
-    match e {
-        UpdateError::Conflict { .. } => true,
-        UpdateError::Api { source: kube::Error::Api(s), .. } => s.code == 429 || s.code >= 500,
-        UpdateError::Api { .. } => true,
-        UpdateError::Mutate { .. } | UpdateError::Codec { .. } => false,
+/// Whether another try of a write may succeed where this one failed ([`persist`]).
+pub trait Transient {
+    fn transient(&self) -> bool;
+}
+
+impl Transient for kube::Error {
+    fn transient(&self) -> bool {
+        match self {
+            kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+            _ => true,
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> Transient for UpdateError<E> {
+    fn transient(&self) -> bool {
+        match self {
+            UpdateError::Conflict { .. } => true,
+            UpdateError::Api { source, .. } => source.transient(),
+            UpdateError::Mutate { .. } | UpdateError::Codec { .. } => false,
+        }
     }
 }
 
@@ -483,8 +498,10 @@ mod tests {
             object: "o".into(),
             source: kube::Error::LinesCodecMaxLineLengthExceeded,
         };
-        let got: Vec<bool> =
-            [api(503), api(500), api(429), conflict, unanswered, api(404), api(403), api(422), mutate].iter().map(worth_retrying).collect();
+        let got: Vec<bool> = [api(503), api(500), api(429), conflict, unanswered, api(404), api(403), api(422), mutate]
+            .iter()
+            .map(Transient::transient)
+            .collect();
         assert_eq!(got, [true, true, true, true, true, false, false, false, false]);
     }
 

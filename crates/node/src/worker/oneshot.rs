@@ -12,6 +12,8 @@
 //!   worker (its answer not yet seen in a newer VMI), is not carried out again.
 //! - An agent restarted between the request and the answer carries it out then (the request is
 //!   in the VMI, not in memory).
+//! - The answer is written again until it is stored (an API briefly unavailable does not lose
+//!   it), in its own task: the worker goes on meanwhile.
 //!
 //! The answer is a single-key annotation write without a resourceVersion
 //! ([`client::blind_patch`], the marked exception to `client::update`): it touches one map key
@@ -19,6 +21,7 @@
 
 use kube::api::Api;
 use kube::ResourceExt;
+use tracing::Instrument;
 
 use api::annotations as ann;
 use api::VirtualMachineInstance;
@@ -83,8 +86,22 @@ pub(super) async fn act(client: &kube::Client, kind: &Kind, vmi: &VirtualMachine
         }
     };
     let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &vmi.namespace().unwrap_or_default());
-    if let Err(e) = client::blind_patch(&api, &vmi.name_any(), client::MetaKey::Annotation, key, Some(&value)).await {
-        tracing::warn!(request = %id, "cannot record the outcome of {} on the VMI: {e}", kind.what);
+    let answer = answer(api, vmi.name_any(), key, value, kind.what);
+    tokio::spawn(answer.in_current_span());
+}
+
+/// Writes the answer `key=value`, again until it is stored ([`client::persist`]); its own task,
+/// so that an unavailable API does not hold the worker. A lost answer would leave the request
+/// pending in the VMI: the caller waits for it in vain, and the next agent carries it out again.
+async fn answer(api: Api<VirtualMachineInstance>, name: String, key: &'static str, value: String, what: &'static str) {
+    let r = client::persist(&format!("record the outcome of {what} on the VMI"), || {
+        client::blind_patch(&api, &name, client::MetaKey::Annotation, key, Some(&value))
+    })
+    .await;
+    match r {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => tracing::warn!("cannot record the outcome of {what} on the VMI: {e}"),
     }
 }
 
@@ -98,6 +115,28 @@ mod tests {
         serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {"name": "v", "namespace": "d", "annotations": ann}, "spec": {"domain": {}}}))
         .unwrap()
+    }
+
+    /// An answer the API server refuses (here twice, 503) is written again until it is stored.
+    /// Against the real API server, in process.
+    #[tokio::test]
+    async fn a_refused_answer_is_written_again() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
+        let refusals = apiserver::testing::Refusals::first(2, |_, _, body| body.contains(NMI.done));
+        let client = client::in_process(apiserver::testing::refusing(server.local_router(), std::sync::Arc::clone(&refusals)));
+        let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
+        let mut requested = vmi(&json!({NMI.requested: "7"}));
+        requested.metadata.namespace = Some("default".into());
+        api.create(&kube::api::PostParams::default(), &requested).await.unwrap();
+
+        tokio::time::timeout(std::time::Duration::from_secs(30), answer(api.clone(), "v".into(), NMI.done, "7".into(), NMI.what))
+            .await
+            .unwrap_or_else(|_| panic!("timed out after 30 s writing the answer; writes {:?}", refusals.seen()));
+        assert_eq!(pending(&NMI, &api.get("v").await.unwrap()), None, "answered");
+        let answers: Vec<_> = refusals.seen().into_iter().filter(|w| w.body.contains(NMI.done)).collect();
+        assert_eq!((answers.len(), answers.iter().filter(|w| w.refused).count()), (3, 2), "{answers:?}");
     }
 
     #[test]
