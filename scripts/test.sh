@@ -17,6 +17,8 @@ fi
 ./scripts/build-test-guest.sh
 
 cargo fmt --all --check
+# The fuzz crate is outside the workspace: its targets are checked on their own.
+rustfmt --edition 2021 --config-path rustfmt.toml --check fuzz/fuzz_targets/*.rs
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets
 if cargo nextest --version >/dev/null 2>&1; then

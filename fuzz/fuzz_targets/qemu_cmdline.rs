@@ -21,7 +21,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         })
     };
     let name = spec.domain.devices.disks.first().map(|d| format!("ns_{},x=y", d.name)).unwrap_or_default();
-    if let Ok(mut launch) = qemu::cmdline::from_vmi(&spec, &name, Path::new("/run/vp,x=y"), Resolved::Tcg, &AllowedDirs::default(), source) {
+    if let Ok(mut launch) = qemu::cmdline::from_vmi(&spec, &name, Path::new("/run/vp,x=y"), Resolved::Tcg, &AllowedDirs::default(), source)
+    {
         // The NICs, as the node agent adds them: interfaces, MACs and ports from the spec.
         match qemu::nic::from_vmi(&spec, "ns,x=y", &name, true) {
             Ok(nics) => launch.nics = nics,
