@@ -588,7 +588,7 @@ mod tests {
         (server, client)
     }
 
-    /// The claim `d` for a DataVolume of 1 MiB from `url`, bound.
+    /// Creates DataVolume `d` (1 MiB from `url`) and its claim, bound.
     async fn bound_dv(client: &kube::Client, url: &str) -> DataVolume {
         let dvs: Api<DataVolume> = Api::namespaced(client.clone(), "default");
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
