@@ -336,7 +336,9 @@ pub const PERSIST_BACKOFF: Backoff =
 /// Retried: repeated Conflicts, 429 and 5xx answers, and failures without an answer (the
 /// connection). Returned: success, and every error that another try cannot change (404: the
 /// object is gone; the mutation's refusal, e.g. because the object is now another one of the
-/// same name; any other 4xx; an encoding error). `what` names the write in the log.
+/// same name; any other 4xx; an encoding or decoding error). `what` names the write in the
+/// log. It never gives up on a transient error by itself: the caller bounds it (drops it when
+/// its task ends).
 ///
 /// # Errors
 /// The last error, when it is one of those that end the retries.
@@ -365,10 +367,13 @@ pub trait Transient {
 }
 
 impl Transient for kube::Error {
+    /// 429 and 5xx answers, and no answer at all (the connection, the transport, credentials
+    /// that could not be loaded this time); not a request that cannot be built or an answer
+    /// that cannot be read, which fail the same way every time.
     fn transient(&self) -> bool {
         match self {
             kube::Error::Api(s) => s.code == 429 || s.code >= 500,
-            _ => true,
+            e => matches!(e, kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) | kube::Error::Auth(_)),
         }
     }
 }
@@ -478,7 +483,8 @@ mod tests {
     use serde_json::json;
 
     /// [`persist`] sends again what the server may take later (a Conflict give-up, 429, 5xx, no
-    /// answer) and stops on what no retry changes (gone, refused by the mutation, other 4xx).
+    /// answer) and stops on what no retry changes (gone, refused by the mutation, other 4xx, an
+    /// answer that cannot be read).
     #[test]
     fn persist_retries_what_may_pass_later_and_stops_on_what_cannot() {
         let api = |code: u16| UpdateError::<std::fmt::Error>::Api {
@@ -493,16 +499,14 @@ mod tests {
             source: kube::Error::LinesCodecMaxLineLengthExceeded,
         };
         let mutate = UpdateError::Mutate { kind: "K".into(), object: "o".into(), source: std::fmt::Error };
-        let unanswered = UpdateError::<std::fmt::Error>::Api {
-            kind: "K".into(),
-            object: "o".into(),
-            source: kube::Error::LinesCodecMaxLineLengthExceeded,
-        };
-        let got: Vec<bool> = [api(503), api(500), api(429), conflict, unanswered, api(404), api(403), api(422), mutate]
+        let other = |source| UpdateError::<std::fmt::Error>::Api { kind: "K".into(), object: "o".into(), source };
+        let unanswered = other(kube::Error::Service("connection refused".into()));
+        let unreadable = other(kube::Error::SerdeError(serde_json::from_str::<u8>("x").unwrap_err()));
+        let got: Vec<bool> = [api(503), api(500), api(429), conflict, unanswered, api(404), api(403), api(422), mutate, unreadable]
             .iter()
             .map(Transient::transient)
             .collect();
-        assert_eq!(got, [true, true, true, true, true, false, false, false, false]);
+        assert_eq!(got, [true, true, true, true, true, false, false, false, false, false]);
     }
 
     #[test]
