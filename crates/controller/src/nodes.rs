@@ -137,7 +137,7 @@ async fn fail_vmis(client: &kube::Client, node: &str) -> Result<(), Box<dyn std:
     for vmi in on_node.items.iter().filter(|v| !v.phase().is_some_and(VmiPhase::is_final)) {
         let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &vmi.namespace().unwrap_or_default());
         let message = format!("node {node} is fenced ({OUT_OF_SERVICE_TAINT}) and its agent is gone: the VM is not running");
-        client::update_status(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
+        let failed = client::update_status(&api, &vmi.name_any(), |v: &mut VirtualMachineInstance| {
             // A VMI that moved (a migration's target) or a newer one of the same name is not here.
             if v.uid() != vmi.uid() || v.labels().get(NODE_LABEL).map(String::as_str) != Some(node) {
                 return;
@@ -149,8 +149,11 @@ async fn fail_vmis(client: &kube::Client, node: &str) -> Result<(), Box<dyn std:
             }
         })
         .await?;
+        if !failed.wrote {
+            continue;
+        }
         tracing::warn!(vmi = %format!("{}/{}", vmi.namespace().unwrap_or_default(), vmi.name_any()), "{message}");
-        events::publish(client, "virtplug-controller", vmi, EventType::Warning, "NodeFenced", &message).await;
+        events::publish(client, "virtplug-controller", &failed.object, EventType::Warning, "NodeFenced", &message).await;
     }
     Ok(())
 }

@@ -231,8 +231,8 @@ fn new_medium(vm: &VirtualMachine, url: &str) -> DataVolume {
 /// The caller holds the System's turn: an insert creates its DataVolume before the VM's spec
 /// names it, and holds the turn until then. The spec is read fresh before anything is deleted,
 /// so a cache that has not yet seen an insert's write deletes nothing that insert put in the
-/// drive (the cached VMI can only be behind in the other direction: it shows a medium the guest
-/// still holds, never one the spec does not name yet).
+/// drive. The VMI is the cached one: a VMI the cache has not yet shown (a VM started a moment
+/// ago) counts as holding nothing.
 pub(crate) async fn sweep(svc: &Service, vm: &VirtualMachine) {
     let ns = vm.namespace().unwrap_or_default();
     let vmi = svc.cache.vmi(vm);

@@ -15,11 +15,12 @@
 //! - The answer is written again until it is stored (an API briefly unavailable does not lose
 //!   it), in its own task: the worker goes on meanwhile.
 //!
-//! The answer is a single-key annotation write without a resourceVersion
-//! ([`client::blind_patch`], the marked exception to `client::update`): it touches one map key
-//! and no array, so it cannot undo anyone else's change.
+//! The answer is a single-key annotation write without a resourceVersion (a JSON patch, the
+//! marked exception to `client::update`): it touches one map key and no array, so it cannot
+//! undo anyone else's change, and its `test`s make it apply only while the same VMI still asks
+//! for the same request.
 
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use tracing::Instrument;
 
@@ -65,7 +66,13 @@ pub(super) fn pending(kind: &Kind, vmi: &VirtualMachineInstance) -> Option<Strin
 
 /// Carries out the pending action of `kind` on `vmi` (if any, and not already done: `done`),
 /// and answers.
-pub(super) async fn act(client: &kube::Client, kind: &Kind, vmi: &VirtualMachineInstance, machine: &Machine, done: &mut Option<String>) {
+pub(super) async fn act(
+    client: &kube::Client,
+    kind: &'static Kind,
+    vmi: &VirtualMachineInstance,
+    machine: &Machine,
+    done: &mut Option<String>,
+) {
     let Some(id) = pending(kind, vmi) else { return };
     if done.as_deref() == Some(id.as_str()) {
         return;
@@ -86,21 +93,48 @@ pub(super) async fn act(client: &kube::Client, kind: &Kind, vmi: &VirtualMachine
         }
     };
     let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), &vmi.namespace().unwrap_or_default());
-    let answer = answer(api, vmi.name_any(), key, value, kind.what);
+    let answer = answer(api, vmi.name_any(), Answer { uid: vmi.uid().unwrap_or_default(), kind, id, key, value });
     tokio::spawn(answer.in_current_span());
 }
 
-/// Writes the answer `key=value`, again until it is stored ([`client::persist`]); its own task,
-/// so that an unavailable API does not hold the worker. A lost answer would leave the request
-/// pending in the VMI: the caller waits for it in vain, and the next agent carries it out again.
-async fn answer(api: Api<VirtualMachineInstance>, name: String, key: &'static str, value: String, what: &'static str) {
-    let r = client::persist(&format!("record the outcome of {what} on the VMI"), || {
-        client::blind_patch(&api, &name, client::MetaKey::Annotation, key, Some(&value))
-    })
-    .await;
+/// The answer `key=value` to request `id` of `kind` on the VMI `uid`.
+struct Answer {
+    uid: String,
+    kind: &'static Kind,
+    id: String,
+    key: &'static str,
+    value: String,
+}
+
+/// Writes an answer, again until it is stored ([`client::persist`]); its own task, so that an
+/// unavailable API does not hold the worker. A lost answer would leave the request pending in
+/// the VMI: the caller waits for it in vain, and the next agent carries it out again.
+///
+/// A JSON patch whose `test`s require the same VMI (UID) still asking for the same request: an
+/// answer sent again after the caller moved on to a newer request (or after the VMI was
+/// replaced) is refused (422, not sent again) instead of answering the newer one's key with
+/// the old ID.
+async fn answer(api: Api<VirtualMachineInstance>, name: String, a: Answer) {
+    let pointer = |key: &str| format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"));
+    let ops = serde_json::json!([
+        {"op": "test", "path": "/metadata/uid", "value": a.uid},
+        {"op": "test", "path": pointer(a.kind.requested), "value": a.id},
+        {"op": "add", "path": pointer(a.key), "value": a.value},
+    ]);
+    let what = a.kind.what;
+    let patch: json_patch::Patch = match serde_json::from_value(ops) {
+        Ok(p) => p,
+        Err(e) => return tracing::warn!("cannot build the answer to {what}: {e}"),
+    };
+    let (pp, patch) = (PatchParams::default(), Patch::Json::<()>(patch));
+    let (api, name, pp, patch) = (&api, &name, &pp, &patch);
+    let r = client::persist(&format!("record the outcome of {what} on the VMI"), || api.patch(name, pp, patch)).await;
     match r {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(kube::Error::Api(s)) if s.code == 422 => {
+            tracing::info!(request = %a.id, "the VMI no longer asks for this {what}: its answer is not written");
+        }
         Err(e) => tracing::warn!("cannot record the outcome of {what} on the VMI: {e}"),
     }
 }
@@ -124,19 +158,35 @@ mod tests {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
-        let refusals = apiserver::testing::Refusals::first(2, |_, _, body| body.contains(NMI.done));
+        let refusals = apiserver::testing::Refusals::first(2, |_, _, body| body.contains(r#""op":"test""#));
         let client = client::in_process(apiserver::testing::refusing(server.local_router(), std::sync::Arc::clone(&refusals)));
         let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
         let mut requested = vmi(&json!({NMI.requested: "7"}));
         requested.metadata.namespace = Some("default".into());
         api.create(&kube::api::PostParams::default(), &requested).await.unwrap();
 
-        tokio::time::timeout(std::time::Duration::from_secs(30), answer(api.clone(), "v".into(), NMI.done, "7".into(), NMI.what))
+        let reply =
+            |id: &str, uid: &str| Answer { uid: uid.to_owned(), kind: &NMI, id: id.to_owned(), key: NMI.done, value: id.to_owned() };
+        let uid = api.get("v").await.unwrap().uid().unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(30), answer(api.clone(), "v".into(), reply("7", &uid)))
             .await
             .unwrap_or_else(|_| panic!("timed out after 30 s writing the answer; writes {:?}", refusals.seen()));
         assert_eq!(pending(&NMI, &api.get("v").await.unwrap()), None, "answered");
-        let answers: Vec<_> = refusals.seen().into_iter().filter(|w| w.body.contains(NMI.done)).collect();
+        let answers: Vec<_> = refusals.seen().into_iter().filter(|w| w.body.contains(r#""op":"test""#)).collect();
         assert_eq!((answers.len(), answers.iter().filter(|w| w.refused).count()), (3, 2), "{answers:?}");
+
+        // A newer request, answered: a late answer to the old one (sent again while the API was
+        // away) does not undo it, nor does one meant for another VMI of the same name.
+        let newer = serde_json::json!({"metadata": {"annotations": {NMI.requested: "8"}}});
+        api.patch("v", &PatchParams::default(), &Patch::Merge(newer)).await.unwrap();
+        answer(api.clone(), "v".into(), reply("8", &uid)).await;
+        answer(api.clone(), "v".into(), reply("7", &uid)).await;
+        let elsewhere = Answer { uid: "another-uid".into(), kind: &NMI, id: "8".into(), key: NMI.failed, value: "8: late".into() };
+        answer(api.clone(), "v".into(), elsewhere).await;
+        let now = api.get("v").await.unwrap();
+        assert_eq!(now.annotations().get(NMI.done).map(String::as_str), Some("8"), "{:?}", now.metadata.annotations);
+        assert_eq!(pending(&NMI, &now), None);
+        assert_eq!(now.annotations().get(NMI.failed), None, "another VMI's answer was not written here");
     }
 
     #[test]

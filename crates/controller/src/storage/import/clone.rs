@@ -47,7 +47,7 @@ use api::DataVolume;
 use super::super::{claim_dir, requested_bytes, VolumeMode};
 use super::fetch::{blocking, target_error};
 use super::target::{Target, TargetError};
-use super::{condition, set_condition, set_status, Ctx, ImportError};
+use super::{condition, report_progress, set_condition, set_status, Ctx, Done, ImportError};
 
 /// The size of one read and write of the copy.
 const PIECE: usize = 1 << 20;
@@ -59,7 +59,7 @@ pub(super) async fn attempt(
     dv: &DataVolume,
     pvc: &PersistentVolumeClaim,
     src: &PvcSource,
-) -> Result<(), ImportError> {
+) -> Result<Done, ImportError> {
     let (ns, name) = (dv.namespace().unwrap_or_default(), dv.name_any());
     let src_ns = if src.namespace.is_empty() { ns.as_str() } else { src.namespace.as_str() };
     if src_ns != ns {
@@ -124,21 +124,14 @@ pub(super) async fn attempt(
                 if len > 0 {
                     #[allow(clippy::cast_precision_loss)]
                     let pct = format!("{:.2}%", done.load(Ordering::Relaxed) as f64 * 100.0 / len as f64);
-                    set_status(dvs, &name, |s| s.progress = Some(pct.clone())).await?;
+                    report_progress(dvs, &name, &pct).await;
                 }
             }
         }
     };
     blocking(move || target.commit()).await?;
-    set_status(dvs, &name, |s| {
-        s.phase = Some(DataVolumePhase::Succeeded);
-        s.progress = Some("100.0%".into());
-        set_condition(&mut s.conditions, condition("Running", false, "Completed", "clone done"));
-        set_condition(&mut s.conditions, condition("Ready", true, "Completed", &format!("cloned {len} bytes from {who} ({how})")));
-    })
-    .await?;
     tracing::info!("cloned {len} bytes from {who} into its claim ({how})");
-    Ok(())
+    Ok(Done { running: "clone done", ready: format!("cloned {len} bytes from {who} ({how})") })
 }
 
 /// Sets its flag when dropped.

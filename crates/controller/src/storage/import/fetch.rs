@@ -38,7 +38,7 @@ use super::net_policy::{check_url, find_refusal, Refusal};
 use super::qemu_img;
 use super::sink::{Decoded, Limits, Pipeline, SinkError};
 use super::target::{Target, TargetError};
-use super::{condition, set_condition, set_status, Ctx, ImportError};
+use super::{condition, report_progress, set_condition, set_status, Ctx, Done, ImportError};
 
 /// One attempt under the configured deadline. Dropping the returned future (the DataVolume was
 /// deleted) closes the connection and removes the partial file.
@@ -48,7 +48,7 @@ pub(super) async fn attempt(
     name: &str,
     pvc: &PersistentVolumeClaim,
     url: &str,
-) -> Result<(), ImportError> {
+) -> Result<Done, ImportError> {
     let deadline = ctx.config.deadline;
     match tokio::time::timeout(deadline, import(ctx, dvs, name, pvc, url)).await {
         Ok(r) => r,
@@ -122,7 +122,7 @@ async fn request(ctx: &Ctx, url: reqwest::Url) -> Result<reqwest::Response, Impo
 }
 
 /// One attempt: stream `url` into the claim.
-async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVolumeClaim, url: &str) -> Result<(), ImportError> {
+async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVolumeClaim, url: &str) -> Result<Done, ImportError> {
     let parsed = reqwest::Url::parse(url).map_err(|e| ImportError::Permanent(format!("spec.source.http.url {url:?} is not a URL: {e}")))?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(ImportError::Permanent(format!(
@@ -173,15 +173,8 @@ async fn import(ctx: &Ctx, dvs: &Api<DataVolume>, name: &str, pvc: &PersistentVo
         }
     };
     blocking(move || target.commit()).await?;
-    set_status(dvs, name, |s| {
-        s.phase = Some(DataVolumePhase::Succeeded);
-        s.progress = Some("100.0%".into());
-        set_condition(&mut s.conditions, condition("Running", false, "Completed", "import done"));
-        set_condition(&mut s.conditions, condition("Ready", true, "Completed", &format!("imported {written} bytes")));
-    })
-    .await?;
     tracing::info!("imported {written} bytes from {url} into its claim");
-    Ok(())
+    Ok(Done { running: "import done", ready: format!("imported {written} bytes") })
 }
 
 /// Converts the qcow2 image in `scratch` into `target`, reporting the second half of the
@@ -209,7 +202,7 @@ async fn convert(
                 }
                 last_report = Instant::now();
                 let pct = format!("{:.2}%", 50.0 + *rx.borrow_and_update() * 50.0);
-                set_status(dvs, name, |s| s.progress = Some(pct.clone())).await?;
+                report_progress(dvs, name, &pct).await;
             }
         }
     }
@@ -288,7 +281,7 @@ async fn transfer(
                 let share = if pipe.is_qcow2() { 50.0 } else { 100.0 };
                 #[allow(clippy::cast_precision_loss)]
                 let pct = format!("{:.2}%", written as f64 * share / t as f64);
-                set_status(dvs, name, |s| s.progress = Some(pct.clone())).await?;
+                report_progress(dvs, name, &pct).await;
             }
         }
     }

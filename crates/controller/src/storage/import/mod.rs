@@ -199,6 +199,9 @@ fn set_condition(conds: &mut Vec<Condition>, c: Condition) {
 }
 
 /// Writes the DataVolume's status through `client::update_status`.
+/// A gate held by a running attempt (lifted, or set to its retry's time, when it ends).
+const HELD: Duration = Duration::from_secs(365 * 86400);
+
 async fn set_status(api: &Api<DataVolume>, name: &str, f: impl Fn(&mut DataVolumeStatus)) -> Result<(), ImportError> {
     client::update_status(api, name, |dv: &mut DataVolume| f(dv.status.get_or_insert_with(Default::default)))
         .await
@@ -354,7 +357,7 @@ async fn reconcile_once(dv: Arc<DataVolume>, ctx: Arc<Ctx>) -> Result<Action, Im
                 return Ok(Action::requeue((*at - now).min(Duration::from_secs(3600))));
             }
         }
-        gates.insert(uid.clone(), Instant::now() + Duration::from_secs(365 * 86400));
+        gates.insert(uid.clone(), Instant::now() + HELD);
     }
     let scheduled = if matches!(job, Job::Clone(_)) { DataVolumePhase::CloneScheduled } else { DataVolumePhase::ImportScheduled };
     // `dv` may be older than the last attempt's outcome: the attempt lifts the gate once its
@@ -453,14 +456,14 @@ async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, p
         Err(ImportError::Transient(msg)) if restarts < ctx.config.max_retries => Some((msg.clone(), backoff(&ctx.config, restarts))),
         _ => None,
     };
-    // A retry's gate is set before its status write (which wakes the reconcile, and that
-    // must see the delay); any other outcome's gate is lifted only after the final status
-    // is written, so no reconcile can start another attempt in between.
-    if let Some((_, delay)) = &retry {
-        ctx.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(uid.clone(), Instant::now() + *delay);
-    }
+    // The gate stays held until the outcome is written, so that no reconcile starts another
+    // attempt in between (a retry's write, sent again while the API is away, could otherwise
+    // land over that attempt). A retry's delay starts as its write is sent (`write_outcome`):
+    // the write wakes the reconcile, which must see the delay.
     match (&result, retry) {
-        (Ok(()), _) => {}
+        (Ok(done), _) => {
+            write_outcome(&ctx, &dvs, &dv, "record the import's success", None, |s| succeeded(s, done)).await;
+        }
         (Err(ImportError::Cancelled), _) => {
             tracing::info!("the DataVolume was deleted: its import stopped");
         }
@@ -468,22 +471,25 @@ async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, p
             let msg_delay = format!("{msg}; retrying in {delay:.1?}");
             events::publish(&ctx.client, COMPONENT, dv.as_ref(), EventType::Warning, "ImportRetry", &msg_delay).await;
             let scheduled = if matches!(job, Job::Clone(_)) { DataVolumePhase::CloneScheduled } else { DataVolumePhase::ImportScheduled };
-            write_outcome(&ctx, &dvs, &dv, "record the import's retry", |s| {
+            let written = write_outcome(&ctx, &dvs, &dv, "record the import's retry", Some(delay), |s| {
                 s.phase = Some(scheduled.clone());
                 s.restart_count = Some(restarts + 1);
                 set_condition(&mut s.conditions, condition("Running", false, "Error", &msg));
             })
             .await;
-            return;
+            if written {
+                // The gate now says when the next attempt may start.
+                return;
+            }
         }
         (Err(ImportError::Permanent(msg)), None) => {
             announce_failure(&ctx, &dv, msg).await;
-            write_outcome(&ctx, &dvs, &dv, "record the import's failure", |s| failed(s, msg)).await;
+            write_outcome(&ctx, &dvs, &dv, "record the import's failure", None, |s| failed(s, msg)).await;
         }
         (Err(ImportError::Transient(msg)), None) => {
             let msg = format!("{msg} (gave up after {} attempts)", restarts + 1);
             announce_failure(&ctx, &dv, &msg).await;
-            write_outcome(&ctx, &dvs, &dv, "record the import's failure", |s| failed(s, &msg)).await;
+            write_outcome(&ctx, &dvs, &dv, "record the import's failure", None, |s| failed(s, &msg)).await;
         }
     }
     ctx.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&uid);
@@ -491,32 +497,88 @@ async fn run_attempt(ctx: Arc<Ctx>, dvs: Api<DataVolume>, dv: Arc<DataVolume>, p
 
 /// Writes an attempt's outcome to its DataVolume, again until it is written
 /// ([`client::persist`]): nothing else writes it, and a lost one would leave the DataVolume
-/// `ImportInProgress` (or its retry uncounted) until the next resync, up to an hour. Ends
-/// without writing when the DataVolume is gone or is another one of the same name, and when the
-/// controller stops (the next one finds the attempt unfinished and starts it again).
-async fn write_outcome(ctx: &Ctx, dvs: &Api<DataVolume>, dv: &DataVolume, what: &str, f: impl Fn(&mut DataVolumeStatus)) {
+/// `ImportInProgress` (or its retry uncounted) until the next resync, up to an hour. Whether it
+/// was written; nothing is written when the DataVolume is gone, is another one of the same
+/// name, or has finished (`Succeeded`/`Failed`: an outcome is never written over another), nor
+/// once the controller stops (the next one finds the attempt unfinished and starts it again).
+///
+/// `retry_in`: the gate opens that long after the write is sent (set right before each send,
+/// and held again when a send fails), so the reconcile the write wakes sees the delay, and no
+/// attempt starts while the write is still being retried.
+async fn write_outcome(
+    ctx: &Ctx,
+    dvs: &Api<DataVolume>,
+    dv: &DataVolume,
+    what: &str,
+    retry_in: Option<Duration>,
+    f: impl Fn(&mut DataVolumeStatus),
+) -> bool {
     let (name, uid, opts) = (dv.name_any(), dv.uid(), client::UpdateOptions::default());
     let (name, uid, opts, f) = (&name, &uid, &opts, &f);
-    let write = client::persist(what, || {
-        client::try_update_status(dvs, name, opts, |fresh: &mut DataVolume| {
+    let gate = |at: Instant| {
+        let key = uid.clone().unwrap_or_default();
+        ctx.gates.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, at);
+    };
+    let write = client::persist(what, || async {
+        let r = client::try_update_status(dvs, name, opts, |fresh: &mut DataVolume| {
             if fresh.uid() != *uid {
                 return Err(NotScheduled::Replaced);
             }
-            f(fresh.status.get_or_insert_with(Default::default));
+            let s = fresh.status.get_or_insert_with(Default::default);
+            if let Some(phase @ (DataVolumePhase::Succeeded | DataVolumePhase::Failed)) = &s.phase {
+                return Err(NotScheduled::Finished(phase.clone()));
+            }
+            f(s);
+            if let Some(delay) = retry_in {
+                gate(Instant::now() + delay);
+            }
             Ok(())
         })
+        .await;
+        if r.is_err() && retry_in.is_some() {
+            gate(Instant::now() + HELD);
+        }
+        r
     });
     let mut running = ctx.running.clone();
     tokio::select! {
         r = write => match r {
-            Ok(_) => {}
+            Ok(_) => true,
             Err(e) if e.is_not_found() || matches!(e, client::UpdateError::Mutate { .. }) => {
-                tracing::info!("the DataVolume is gone: its import's outcome is not recorded");
+                tracing::info!("the DataVolume is gone, replaced or finished: this outcome is not recorded ({e})");
+                false
             }
-            Err(e) => tracing::warn!("{}", status_error(&e)),
+            Err(e) => {
+                tracing::warn!("{}", status_error(&e));
+                false
+            }
         },
         // Only closes: nothing is ever sent.
-        _ = running.changed() => {}
+        _ = running.changed() => false,
+    }
+}
+
+/// What a finished attempt says in its `Succeeded` status.
+pub(super) struct Done {
+    /// The `Running` condition's message ("import done").
+    pub(super) running: &'static str,
+    /// The `Ready` condition's message (what was written).
+    pub(super) ready: String,
+}
+
+/// A finished import's status.
+fn succeeded(s: &mut DataVolumeStatus, done: &Done) {
+    s.phase = Some(DataVolumePhase::Succeeded);
+    s.progress = Some("100.0%".into());
+    set_condition(&mut s.conditions, condition("Running", false, "Completed", done.running));
+    set_condition(&mut s.conditions, condition("Ready", true, "Completed", &done.ready));
+}
+
+/// A progress write: best effort, since the next one or the outcome writes over it. A refused
+/// one used to fail the attempt, and the whole image was fetched again.
+pub(super) async fn report_progress(dvs: &Api<DataVolume>, name: &str, pct: &str) {
+    if let Err(e) = set_status(dvs, name, |s| s.progress = Some(pct.to_owned())).await {
+        tracing::debug!("progress {pct} not recorded: {e}");
     }
 }
 
@@ -692,5 +754,30 @@ mod tests {
         let outcomes = status_writes.iter().filter(|w| w.body.contains("\"Failed\"")).count();
         let attempts = status_writes.iter().filter(|w| w.body.contains("ImportScheduled")).count();
         assert_eq!((refused, outcomes, attempts), (3, 4, 1), "3 refused, the 4th stored, one attempt: {status_writes:?}");
+    }
+
+    /// An outcome is never written over another: a retry's write sent again after a later
+    /// attempt finished (the API was away meanwhile) leaves `Succeeded` as it is, and a
+    /// `Failed` neither lands on it.
+    #[tokio::test]
+    async fn an_outcome_is_never_written_over_a_finished_import() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_server, client) = api_server(&dir.path().join("api")).await;
+        let (_running, running) = tokio::sync::watch::channel(());
+        let ctx = Ctx::new(client.clone(), dir.path().join("storage"), ImportConfig::default(), running).unwrap();
+        let dvs: Api<DataVolume> = Api::namespaced(client.clone(), "default");
+        bound_dv(&client, "http://127.0.0.1:9/disk.raw").await;
+        dvs.patch_status("d", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Succeeded"}}))).await.unwrap();
+        let done = dvs.get("d").await.unwrap();
+
+        let retry = write_outcome(&ctx, &dvs, &done, "retry", Some(Duration::from_secs(1)), |s| {
+            s.phase = Some(DataVolumePhase::ImportScheduled);
+            s.restart_count = Some(1);
+        });
+        assert!(!retry.await, "the retry was written over Succeeded");
+        assert!(!write_outcome(&ctx, &dvs, &done, "failure", None, |s| failed(s, "late")).await);
+        let now = dvs.get("d").await.unwrap();
+        assert_eq!(phase(&now), Some(DataVolumePhase::Succeeded));
+        assert_eq!(now.metadata.resource_version, done.metadata.resource_version, "nothing was written");
     }
 }
