@@ -33,6 +33,21 @@ mod pause;
 mod phase;
 mod stop;
 
+/// The real API server, in process, for the worker's tests of its writes: its data dir, the
+/// server, and a client whose writes pass `refusals` (`None`: every write goes through).
+#[cfg(test)]
+async fn test_api(refusals: Option<std::sync::Arc<apiserver::testing::Refusals>>) -> (tempfile::TempDir, apiserver::Server, kube::Client) {
+    #![allow(clippy::unwrap_used)]
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
+    let router = match refusals {
+        Some(r) => apiserver::testing::refusing(server.local_router(), r),
+        None => server.local_router(),
+    };
+    (dir, server, client::in_process(router))
+}
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

@@ -155,11 +155,8 @@ mod tests {
     /// Against the real API server, in process.
     #[tokio::test]
     async fn a_refused_answer_is_written_again() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = tempfile::tempdir().unwrap();
-        let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
         let refusals = apiserver::testing::Refusals::first(2, |_, _, body| body.contains(r#""op":"test""#));
-        let client = client::in_process(apiserver::testing::refusing(server.local_router(), std::sync::Arc::clone(&refusals)));
+        let (_dir, _server, client) = crate::worker::test_api(Some(std::sync::Arc::clone(&refusals))).await;
         let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
         let mut requested = vmi(&json!({NMI.requested: "7"}));
         requested.metadata.namespace = Some("default".into());

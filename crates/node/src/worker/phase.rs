@@ -110,10 +110,7 @@ mod tests {
     /// real API server, in process.
     #[tokio::test]
     async fn a_copy_from_before_the_end_does_not_rewrite_an_ended_vmi() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = tempfile::tempdir().unwrap();
-        let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
-        let client = client::in_process(server.local_router());
+        let (_dir, _server, client) = crate::worker::test_api(None).await;
         let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
         let vmi: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "v", "namespace": "default"},

@@ -153,11 +153,8 @@ mod tests {
     /// VMI of the same name keeps its own. Against the real API server, in process.
     #[tokio::test]
     async fn a_refused_finalizer_removal_is_written_again_and_spares_a_newer_vmi() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = tempfile::tempdir().unwrap();
-        let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
         let refusals = apiserver::testing::Refusals::first(3, |m, path, _| *m == "PATCH" && path.ends_with("/virtualmachineinstances/v"));
-        let client = client::in_process(apiserver::testing::refusing(server.local_router(), Arc::clone(&refusals)));
+        let (_dir, _server, client) = crate::worker::test_api(Some(Arc::clone(&refusals))).await;
         let api: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
         let vmi = api.create(&PostParams::default(), &vmi_with_finalizer()).await.unwrap();
 
