@@ -155,9 +155,11 @@ fn store_err(def: &ResourceDef, name: &str, e: StoreError) -> ApiError {
         e @ (StoreError::NoSpace { .. } | StoreError::Full { .. }) => {
             ApiError::insufficient_storage(format!("storing {} {name:?}: {e}", def.kind))
         }
-        e @ (StoreError::Sqlite { .. } | StoreError::Commit { .. } | StoreError::Thread(_) | StoreError::WriterGone) => {
-            ApiError::internal(format!("storing {} {name:?} failed: {e}; nothing was stored", def.kind))
-        }
+        e @ (StoreError::Sqlite { .. }
+        | StoreError::InUse { .. }
+        | StoreError::Commit { .. }
+        | StoreError::Thread(_)
+        | StoreError::WriterGone) => ApiError::internal(format!("storing {} {name:?} failed: {e}; nothing was stored", def.kind)),
     }
 }
 

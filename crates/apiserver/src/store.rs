@@ -42,6 +42,12 @@
 //!   are refused with `WriterGone`, inline ones too (from the moment the stop is seen; the
 //!   server exits on it).
 //!
+//! - One process at a time: the store is opened with SQLite's exclusive locking mode, so a
+//!   second server on the same data dir is refused at start ([`StoreError::InUse`]) instead of
+//!   serving its own stale copy and failing or reordering writes. The lock goes with the process
+//!   (`kill -9` included). It also spares each commit SQLite's per-transaction file locks and
+//!   shared-memory index.
+//!
 //! # Caveats
 //! Lists are served from the current state: a list at an older revision is not possible
 //! (`Exact` on an old revision answers 410, as a compacted etcd would).
@@ -132,6 +138,11 @@ pub enum StoreError {
     },
     #[error("the commit to {path} failed, nothing of it was stored: {message}")]
     Commit { path: PathBuf, message: String },
+    #[error(
+        "the store {path} is in use by another process (another `virtplug apiserver` or `virtplug up` with the same \
+         --data-dir?); stop that one, or give this one another --data-dir"
+    )]
+    InUse { path: PathBuf },
     #[error("cannot start the store's writer thread")]
     Thread(#[source] std::io::Error),
     #[error("the store's writer thread has stopped")]
@@ -225,6 +236,9 @@ pub struct Store {
     writer_exit: tokio::sync::watch::Receiver<Option<String>>,
 }
 
+/// How long [`Store::open`] waits for another connection to let go of the store.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS objects (key TEXT PRIMARY KEY, rv INTEGER NOT NULL, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS log (rv INTEGER PRIMARY KEY, key TEXT NOT NULL, type INTEGER NOT NULL, value BLOB NOT NULL);
@@ -239,7 +253,19 @@ impl Store {
     pub fn open(path: &Path, config: &StoreConfig) -> Result<Store, StoreError> {
         let sql = |source| StoreError::Sqlite { path: path.to_owned(), source };
         let conn = Connection::open(path).map_err(sql)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(sql)?;
+        // One process owns the store (module docs): the lock is taken here, before WAL mode is
+        // entered (so the WAL index lives in this process's memory, not in a -shm file), and held
+        // until the connection closes. Another holder is waited for briefly (a store reopened in
+        // the same process right after its last handle dropped), then refused by name.
+        conn.busy_timeout(LOCK_WAIT).map_err(sql)?;
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(sql)?;
+        let locked = conn.pragma_update(None, "journal_mode", "WAL").and_then(|()| conn.execute_batch("BEGIN EXCLUSIVE; COMMIT;"));
+        match locked {
+            Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::DatabaseBusy => {
+                return Err(StoreError::InUse { path: path.to_owned() });
+            }
+            other => other.map_err(sql)?,
+        }
         conn.pragma_update(None, "synchronous", "FULL").map_err(sql)?;
         conn.execute_batch(SCHEMA).map_err(sql)?;
         if let Some(max) = config.max_size {
@@ -830,6 +856,23 @@ mod tests {
         }
         assert!(matches!(s.watch(2), Err(StoreError::Compacted { oldest: 3, .. })));
         assert_eq!(s.watch(3).unwrap().0.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_second_opener_is_refused_by_name_until_the_first_has_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let first = Store::open(&path, &StoreConfig::default()).unwrap();
+        first.write(Op::Create { key: "a".into(), object: obj("a") }).await.unwrap();
+        let err = Store::open(&path, &StoreConfig::default()).err().expect("a second store on the same file is refused");
+        assert!(matches!(err, StoreError::InUse { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains(&path.display().to_string()) && msg.contains("--data-dir"), "{msg}");
+        // Nothing the refused opener did reached the file, and the first store still writes.
+        first.write(Op::Create { key: "b".into(), object: obj("b") }).await.unwrap();
+        drop(first);
+        let again = Store::open(&path, &StoreConfig::default()).expect("reopened once the first has closed");
+        assert_eq!((again.revision(), again.get("a").is_some(), again.get("b").is_some()), (2, true, true));
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::Api;
 
 /// `virtplug apiserver` as a child process; killed (by its PID) when dropped.
@@ -458,12 +458,14 @@ fn mode(p: &Path) -> u32 {
 fn assert_private(data: &Path) {
     assert_eq!(mode(data), 0o700, "data dir");
     assert_eq!(mode(&data.join("pki")), 0o700, "pki dir");
-    for f in ["store.db", "store.db-wal", "store.db-shm", "kubeconfig", "pki/ca.key", "pki/server.key", "pki/token"] {
+    for f in ["store.db", "store.db-wal", "kubeconfig", "pki/ca.key", "pki/server.key", "pki/token"] {
         assert_eq!(mode(&data.join(f)), 0o600, "{f}");
     }
+    // The store's WAL index lives in the server's memory (exclusive locking), so no -shm file.
+    assert!(!data.join("store.db-shm").exists(), "no shared-memory file next to the store");
 }
 
-/// The data dir and pki dir are 0700, the store (with its WAL and shared-memory files), the
+/// The data dir and pki dir are 0700, the store (with its WAL), the
 /// kubeconfig, the keys and the token 0600 — on a first start, and again after something
 /// loosened them.
 #[tokio::test]
@@ -511,6 +513,36 @@ fn a_data_dir_owned_by_another_user_is_refused() {
     let err = stderr.lock().unwrap().clone();
     assert!(err.contains("is owned by uid 65534") && err.contains("not by uid 0 (root)") && err.contains("chown -R 0"), "{err}");
     assert_eq!(std::fs::read_dir(&data).unwrap().count(), 0, "nothing was written into it");
+}
+
+/// A second server on a data dir another one is serving is refused at start, by name, and
+/// changes nothing: the first keeps serving and writing (two servers on one store would each
+/// serve their own copy of it).
+#[tokio::test]
+async fn a_second_server_on_the_same_data_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let first = ServerProcess::start(&data, &[], &[]);
+    api_answers(&first, "before the second server").await;
+    let mut second = Command::new(env!("CARGO_BIN_EXE_virtplug"))
+        .args(["apiserver", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = drain(second.stderr.take().unwrap());
+    let status = exits_within(&mut second, Duration::from_secs(30), "the second server to refuse the data dir");
+    assert!(!status.success());
+    let err = stderr.lock().unwrap().clone();
+    assert!(
+        err.contains("is in use by another process") && err.contains(&data.display().to_string()) && err.contains("--data-dir"),
+        "{err}"
+    );
+    let client = first.client().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let cm = serde_json::from_value(serde_json::json!({"metadata": {"name": "after"}})).unwrap();
+    cms.create(&kube::api::PostParams::default(), &cm).await.expect("the first server still writes");
 }
 
 /// A long-lived task that dies takes `/readyz` down with the reason (for an authorized client;
