@@ -1,6 +1,6 @@
-//! Test support for crates that run this API server in process (feature `testing`): a stand-in
-//! for an API server that is briefly unavailable, to test that a client's write that must not
-//! be lost is sent again.
+//! Test support for crates that run this API server in process (feature `testing`): the server
+//! opened on a data dir ([`open`]), and a stand-in for an API server that is briefly
+//! unavailable, to test that a client's write that must not be lost is sent again.
 //!
 //! # Guarantees
 //! - Every write request (any method but GET, HEAD, OPTIONS) passing through is recorded, with
@@ -8,6 +8,7 @@
 //! - The first `n` writes that the predicate picks are answered `503 Service Unavailable` (a
 //!   `Status` body), and never reach the server; all other requests go through unchanged.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -51,6 +52,23 @@ impl Refusals {
     fn take(&self) -> bool {
         self.left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
     }
+}
+
+/// The real API server with its data in `dir`, in process, and the router to reach it through
+/// (`client::in_process`): behind `refusals` when given, otherwise the server's own.
+///
+/// # Panics
+/// When the server cannot open `dir` (a test set-up failure).
+pub async fn open(dir: &Path, refusals: Option<Arc<Refusals>>) -> (crate::Server, Router) {
+    let server = match crate::Server::open(&crate::Config::new(dir), None).await {
+        Ok(server) => server,
+        Err(e) => panic!("the API server cannot open {}: {e}", dir.display()),
+    };
+    let router = match refusals {
+        Some(r) => refusing(server.local_router(), r),
+        None => server.local_router(),
+    };
+    (server, router)
 }
 
 /// `router` behind [`Refusals`] (module docs).

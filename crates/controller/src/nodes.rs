@@ -204,10 +204,9 @@ mod tests {
     /// the real API server, in process.
     #[tokio::test]
     async fn a_copy_from_before_the_node_came_back_fails_no_vmi() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
-        let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
-        let client = client::in_process(server.local_router());
+        let (_server, router) = apiserver::testing::open(dir.path(), None).await;
+        let client = client::in_process(router);
         let ctx = Arc::new(Ctx { client: client.clone(), timeout: DEFAULT_HEARTBEAT_TIMEOUT });
         let nodes: Api<Node> = Api::all(client.clone());
         let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");

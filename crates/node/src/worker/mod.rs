@@ -38,13 +38,8 @@ mod stop;
 #[cfg(test)]
 async fn test_api(refusals: Option<std::sync::Arc<apiserver::testing::Refusals>>) -> (tempfile::TempDir, apiserver::Server, kube::Client) {
     #![allow(clippy::unwrap_used)]
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
-    let server = apiserver::Server::open(&apiserver::Config::new(dir.path()), None).await.unwrap();
-    let router = match refusals {
-        Some(r) => apiserver::testing::refusing(server.local_router(), r),
-        None => server.local_router(),
-    };
+    let (server, router) = apiserver::testing::open(dir.path(), refusals).await;
     (dir, server, client::in_process(router))
 }
 
