@@ -151,3 +151,59 @@ async fn an_outcome_is_never_written_over_a_finished_import() {
     assert_eq!(phase(&now), Some(DataVolumePhase::Succeeded));
     assert_eq!(now.metadata.resource_version, done.metadata.resource_version, "nothing was written");
 }
+
+/// A retry's write refused for longer than the retry's delay (the API away, then back): no
+/// reconcile starts an attempt before that write is stored, and then exactly one more attempt
+/// runs. A gate set once, before the write's first send, expired while the write was being
+/// refused, and the late write then landed over the attempt that had started meanwhile.
+#[tokio::test]
+async fn a_retry_written_late_starts_exactly_one_more_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // Only the retry's write carries `restartCount`; three refusals take `persist` ~0.7 s of
+    // backoff, well past the retry's 0.2 s delay.
+    let refusals = apiserver::testing::Refusals::first(3, |_, path, body| path.ends_with("/status") && body.contains("restartCount"));
+    let (_server, router) = apiserver::testing::open(&dir.path().join("api"), Some(Arc::clone(&refusals))).await;
+    let client = client::in_process(router);
+    let delay = Duration::from_millis(200);
+    // Loopback allowed, on a port nothing listens on: each attempt's connection is refused, a
+    // failure an attempt retries.
+    let allow_hosts = vec!["127.0.0.1".parse().unwrap()];
+    let config = ImportConfig { max_retries: 1, backoff_base: delay, backoff_cap: delay, allow_hosts, ..ImportConfig::default() };
+    let (_running, running) = tokio::sync::watch::channel(());
+    let ctx = Arc::new(Ctx::new(client.clone(), dir.path().join("storage"), config, running).unwrap());
+    let dvs: Api<DataVolume> = Api::namespaced(client.clone(), "default");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let dv = bound_dv(&client, &format!("http://{closed}/disk.raw")).await;
+    let uid = dv.uid().unwrap();
+
+    reconcile_once(Arc::new(dv), Arc::clone(&ctx)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let failed = loop {
+        // The gate is read before the DataVolume (see the test above).
+        let open = ctx.gates.lock().unwrap().get(&uid).is_none_or(|at| *at <= Instant::now());
+        let now = dvs.get("d").await.unwrap();
+        let retry_stored = now.status.as_ref().and_then(|s| s.restart_count) == Some(1);
+        if phase(&now) == Some(DataVolumePhase::Failed) && ctx.gates.lock().unwrap().is_empty() {
+            break now;
+        }
+        assert!(
+            !open || retry_stored || phase(&now) == Some(DataVolumePhase::Failed),
+            "the gate opened before the retry's write was stored ({:?}): writes {:?}",
+            now.status,
+            refusals.seen()
+        );
+        // As the controller would on each change: reconcile the fresh copy.
+        reconcile_once(Arc::new(now.clone()), Arc::clone(&ctx)).await.unwrap();
+        assert!(Instant::now() < deadline, "timed out after 30 s waiting for the second attempt to fail: {:?}", now.status);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(failed.status.as_ref().and_then(|s| s.restart_count), Some(1), "{:?}", failed.status);
+    let refused = refusals.seen().iter().filter(|w| w.refused).count();
+    assert_eq!(refused, 3, "the retry's write was refused three times, then stored");
+    // Two attempts in all: one retry announced, then one failure.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let counts: Vec<_> = events.list(&Default::default()).await.unwrap().items.into_iter().map(|e| (e.reason, e.count)).collect();
+    let count = |reason: &str| counts.iter().filter(|(r, _)| r.as_deref() == Some(reason)).map(|(_, c)| c.unwrap_or(1)).sum::<i32>();
+    assert_eq!((count("ImportRetry"), count("ImportFailed")), (1, 1), "{counts:?}");
+}
