@@ -201,6 +201,21 @@ impl Selector {
     }
 
     /// The fields the selector names.
+    /// Removes the requirements `key=value` (equality only) and returns their values, for a
+    /// caller that checks them without parsing the object (a watch's `metadata.name`, on the
+    /// store key). What is left matches exactly what the whole did, together with them.
+    pub fn take_equal(&mut self, key: &str) -> Vec<String> {
+        let mut taken = Vec::new();
+        self.reqs.retain(|r| match r {
+            Req::Eq(k, v) if k == key => {
+                taken.push(v.clone());
+                false
+            }
+            _ => true,
+        });
+        taken
+    }
+
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.reqs.iter().map(|r| r.key_and_values().0)
     }

@@ -118,17 +118,27 @@ pub async fn wait_for_revision(store: &Store, rv: u64, within: Duration) -> Resu
 
 struct Filter {
     prefix: String,
-    name: Option<String>,
+    /// Names the object must have (the URL's, and each `metadata.name=` of the field selector).
+    names: Vec<String>,
     labels: Selector,
     fields: Selector,
 }
 
 impl Filter {
     /// Keys are `prefix` + [namespace `/`] + name (names hold no `/`), so the name is checked on
-    /// the key and the object is parsed only for selectors.
+    /// the key: a watch of one object by `fieldSelector=metadata.name=` (kube-rs's
+    /// `watch_object`, `kubectl get -w NAME`, `kubectl wait`) parses no event's object. The
+    /// object is parsed only for the other selectors.
+    fn new(prefix: String, name: Option<&str>, labels: Selector, mut fields: Selector) -> Filter {
+        let names = name.map(str::to_owned).into_iter().chain(fields.take_equal("metadata.name")).collect();
+        Filter { prefix, names, labels, fields }
+    }
+
     fn matches(&self, key: &str, obj: &Doc) -> bool {
-        key.strip_prefix(&self.prefix).is_some_and(|rest| self.name.as_deref().is_none_or(|want| rest.rsplit('/').next() == Some(want)))
-            && Selector::doc_matches(&self.labels, &self.fields, obj)
+        key.strip_prefix(&self.prefix).is_some_and(|rest| {
+            let name = rest.rsplit('/').next().unwrap_or(rest);
+            self.names.iter().all(|want| want == name)
+        }) && Selector::doc_matches(&self.labels, &self.fields, obj)
     }
 }
 
@@ -183,7 +193,7 @@ pub fn serve(
     let slot = slots.try_acquire().ok_or_else(|| {
         ApiError::too_many_requests(format!("too many watches are open on this server (at most {}); retry later", slots.max), 1)
     })?;
-    let filter = Filter { prefix: def.prefix(ns), name: name.map(str::to_owned), labels: opts.labels.clone(), fields: opts.fields.clone() };
+    let filter = Filter::new(def.prefix(ns), name, opts.labels.clone(), opts.fields.clone());
     let timeout = opts.timeout.unwrap_or(DEFAULT_WATCH_TIMEOUT).min(MAX_WATCH_TIMEOUT);
     let bookmarks = opts.bookmarks;
     let initial_events = opts.send_initial_events;
@@ -316,6 +326,43 @@ mod tests {
         drop(a);
         assert_eq!(slots.open(), 1);
         assert!(slots.try_acquire().is_some());
+    }
+
+    /// A `metadata.name=` field selector is checked on the key, and matches exactly what it
+    /// matched on the object: with the URL's name, with another name (nothing), beside the
+    /// other selectors, and `!=` still on the object.
+    #[test]
+    fn a_name_field_selector_matches_on_the_key_as_on_the_object() {
+        let prefix = "/kubevirt.io/virtualmachines/";
+        let doc = |ns: &str, name: &str, app: &str| {
+            Doc::new(&serde_json::json!({"metadata": {"name": name, "namespace": ns, "labels": {"app": app}}, "status": {"ready": true}}))
+        };
+        let objects = [("default", "a", "web"), ("default", "b", "web"), ("other", "a", "db"), ("other", "ab", "web")];
+        // (watched namespace, URL name, label selector, field selector, which objects match)
+        type Case<'a> = (Option<&'a str>, Option<&'a str>, &'a str, &'a str, &'a [usize]);
+        let cases: [Case; 8] = [
+            (None, None, "", "metadata.name=a", &[0, 2]),
+            (None, None, "", "metadata.name==a", &[0, 2]),
+            (None, Some("a"), "", "metadata.name=a", &[0, 2]),
+            (None, Some("a"), "", "metadata.name=b", &[]),
+            (None, None, "", "metadata.name=a,metadata.name=b", &[]),
+            (None, None, "app=web", "metadata.name=a", &[0]),
+            (None, None, "", "metadata.name!=a", &[1, 3]),
+            (Some("other"), None, "", "metadata.name=a,status.ready=true", &[2]),
+        ];
+        for (ns, name, labels, fields, want) in cases {
+            let prefix = ns.map_or(prefix.to_owned(), |ns| format!("{prefix}{ns}/"));
+            let filter = Filter::new(prefix, name, Selector::labels(labels).unwrap(), Selector::fields(fields).unwrap());
+            let got: Vec<usize> = objects
+                .iter()
+                .enumerate()
+                .filter(|(_, (o_ns, o_name, app))| {
+                    filter.matches(&format!("/kubevirt.io/virtualmachines/{o_ns}/{o_name}"), &doc(o_ns, o_name, app))
+                })
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(got, want, "namespace {ns:?}, name {name:?}, labels {labels:?}, fields {fields:?}");
+        }
     }
 
     #[tokio::test]
