@@ -868,7 +868,8 @@ mod tests {
         assert!(matches!(err, StoreError::InUse { .. }), "{err:?}");
         let msg = err.to_string();
         assert!(msg.contains(&path.display().to_string()) && msg.contains("--data-dir"), "{msg}");
-        // Nothing the refused opener did reached the file, and the first store still writes.
+        // The first store still writes; once it has closed, the file opens with both writes and
+        // nothing else (revision 2).
         first.write(Op::Create { key: "b".into(), object: obj("b") }).await.unwrap();
         drop(first);
         let again = Store::open(&path, &StoreConfig::default()).expect("reopened once the first has closed");
