@@ -214,6 +214,12 @@ async fn main() -> anyhow::Result<()> {
     let table = time_get(&client, pid, VMS, TABLE, args.repeat).await?;
     let selected = time_get(&client, pid, &format!("{VMS}?labelSelector=tenth%3Dyes"), "application/json", args.repeat).await?;
     let page = time_get(&client, pid, &format!("{VMS}?limit=500"), "application/json", args.repeat).await?;
+    // What kube-rs's `watch_object` and `kubectl wait` list before they watch one VM.
+    let one = format!("vm-{:06}", args.vms / 2);
+    let by_name = time_get(&client, pid, &format!("{VMS}?fieldSelector=metadata.name%3D{one}"), "application/json", args.repeat).await?;
+    if by_name.items != 1 {
+        bail!("the list by metadata.name={one} returned {} VMs, not 1", by_name.items);
+    }
 
     // kubectl pages by 500 and its client (client-go: 5 requests/s, bursts of 10) lets request
     // n > 10 go no sooner than (n - 10) / 5 s after the first: a floor the server cannot move. `--chunk-size=0` asks for
@@ -260,9 +266,13 @@ async fn main() -> anyhow::Result<()> {
     println!("| RSS growth per KiB of JSON, right after the creates | {per_kib:.1} KiB |");
     println!("| RSS growth per KiB of JSON, after the lists and kubectl | {settled_per_kib:.1} KiB |");
     println!("| creates/s ({} in flight) | {rate:.0} |", args.concurrency);
-    for (what, t) in
-        [("full list", &full), ("full list as Table", &table), ("label-selected list (a tenth)", &selected), ("page of 500", &page)]
-    {
+    for (what, t) in [
+        ("full list", &full),
+        ("full list as Table", &table),
+        ("label-selected list (a tenth)", &selected),
+        ("page of 500", &page),
+        ("list by `metadata.name=` (one VM)", &by_name),
+    ] {
         println!(
             "| {what}: {} items, {:.1} MB | {:.0} ms wall, {:.0} ms server CPU |",
             t.items,

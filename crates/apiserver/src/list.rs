@@ -25,7 +25,7 @@ use crate::limits::FRESHNESS_WAIT;
 use crate::objects::Objects;
 use crate::query::{ListOptions, RvMatch};
 use crate::registry::ResourceDef;
-use crate::selectors::Selector;
+use crate::selectors::Selection;
 use crate::status::ApiError;
 use crate::store::Doc;
 use crate::{table, watch};
@@ -127,10 +127,11 @@ pub async fn serve(objects: &Objects, def: &ResourceDef, ns: Option<&str>, opts:
         }
     }
     let list_rv = cont.as_ref().map_or(current_rv, |c| c.rv);
+    let selection = Selection::new(None, &opts.labels, &opts.fields);
     let mut selected: Vec<(&String, &Doc)> = Vec::new();
     let mut next = None;
     for (i, (key, obj)) in items.iter().enumerate() {
-        if !Selector::doc_matches(&opts.labels, &opts.fields, obj) {
+        if !selection.matches(key, obj) {
             continue;
         }
         if opts.limit.is_some_and(|l| selected.len() >= l) {
@@ -177,6 +178,7 @@ pub(crate) fn splice_response<'a>(head: &Value, items: impl ExactSizeIterator<It
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::selectors::Selector;
 
     const P: &str = "/kubevirt.io/virtualmachines/default/";
 
@@ -200,6 +202,55 @@ mod tests {
         want["items"] = json!([]);
         assert_eq!(body_of(splice_response(&head, [].iter())).await, want);
         assert_eq!(body_of(splice_response(&json!({}), docs[..1].iter())).await, json!({"items": [{"metadata": {"name": "a"}}]}));
+    }
+
+    /// A list by `metadata.name=` (checked on the key) returns what the object's name says, in
+    /// one namespace and across all, beside other selectors, and pages as any selected list.
+    #[tokio::test]
+    async fn a_list_by_name_selects_on_the_key_what_the_object_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::Store::open(&dir.path().join("s.db"), &crate::StoreConfig::default()).unwrap();
+        let objects = Objects { store: store.clone(), enforce_invariants: true };
+        let def = crate::registry::find("", "v1", "configmaps").unwrap();
+        for (ns, name, app) in [("a", "x", "web"), ("a", "xy", "web"), ("b", "x", "db"), ("b", "y", "web"), ("c", "x", "web")] {
+            let object =
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns, "labels": {"app": app}}});
+            store.write(crate::store::Op::Create { key: def.key(Some(ns), name), object }).await.unwrap();
+        }
+        let names = |body: &Value| -> Vec<String> {
+            body["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| format!("{}/{}", o["metadata"]["namespace"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap()))
+                .collect()
+        };
+        for (ns, labels, fields, limit, want) in [
+            (None, "", "metadata.name=x", None, vec!["a/x", "b/x", "c/x"]),
+            (Some("a"), "", "metadata.name=x", None, vec!["a/x"]),
+            (Some("a"), "", "metadata.name=z", None, vec![]),
+            (None, "app=web", "metadata.name=x", None, vec!["a/x", "c/x"]),
+            (None, "", "metadata.name=x,metadata.namespace=b", None, vec!["b/x"]),
+            (None, "", "metadata.name!=x", None, vec!["a/xy", "b/y"]),
+            (None, "", "metadata.name=x", Some(2), vec!["a/x", "b/x"]),
+        ] {
+            let opts = ListOptions {
+                labels: Selector::labels(labels).unwrap(),
+                fields: Selector::fields(fields).unwrap(),
+                limit,
+                ..ListOptions::default()
+            };
+            let body = body_of(serve(&objects, def, ns, &opts, "application/json").await.unwrap()).await;
+            assert_eq!(names(&body), want, "namespace {ns:?}, labels {labels:?}, fields {fields:?}, limit {limit:?}");
+            if let Some(token) = body["metadata"]["continue"].as_str() {
+                let rest = ListOptions { continue_token: Some(token.to_owned()), ..opts };
+                assert_eq!(
+                    names(&body_of(serve(&objects, def, ns, &rest, "application/json").await.unwrap()).await),
+                    vec!["c/x"],
+                    "the next page"
+                );
+            }
+        }
     }
 
     #[test]

@@ -202,9 +202,9 @@ impl Selector {
 
     /// The fields the selector names.
     /// Removes the requirements `key=value` (equality only) and returns their values, for a
-    /// caller that checks them without parsing the object (a watch's `metadata.name`, on the
-    /// store key). What is left matches exactly what the whole did, together with them.
-    pub fn take_equal(&mut self, key: &str) -> Vec<String> {
+    /// caller that checks them without parsing the object ([`Selection`]). What is left matches
+    /// exactly what the whole did, together with them.
+    fn take_equal(&mut self, key: &str) -> Vec<String> {
         let mut taken = Vec::new();
         self.reqs.retain(|r| match r {
             Req::Eq(k, v) if k == key => {
@@ -234,6 +234,36 @@ impl Selector {
 
 /// Selectable fields that are booleans in Go (a missing one is `false`).
 const BOOL_FIELDS: [&str; 2] = ["spec.hostNetwork", "spec.unschedulable"];
+
+/// What a list, a watch or a collection delete selects: its label selector, and its field
+/// selector with `metadata.name=` checked on the store key (which ends in `/NAME`; names hold no
+/// `/`) instead of on the object. Listing or watching one object by name (kube-rs's
+/// `watch_object`, `kubectl get -w NAME`, `kubectl wait`) parses no object; other requirements
+/// read a projection of it ([`Selector::doc_matches`]).
+#[derive(Clone, Debug)]
+pub struct Selection {
+    /// Names the object must have: the URL's, and each `metadata.name=` of the field selector.
+    names: Vec<String>,
+    labels: Selector,
+    fields: Selector,
+}
+
+impl Selection {
+    /// The selection of `labels` and `fields`, and of the object `name` (a watch's URL) if given.
+    #[must_use]
+    pub fn new(name: Option<&str>, labels: &Selector, fields: &Selector) -> Selection {
+        let mut fields = fields.clone();
+        let names = name.map(str::to_owned).into_iter().chain(fields.take_equal("metadata.name")).collect();
+        Selection { names, labels: labels.clone(), fields }
+    }
+
+    /// Whether the object stored under `key` is selected.
+    #[must_use]
+    pub fn matches(&self, key: &str, doc: &crate::store::Doc) -> bool {
+        let name = key.rsplit('/').next().unwrap_or(key);
+        self.names.iter().all(|want| want == name) && Selector::doc_matches(&self.labels, &self.fields, doc)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -14,7 +14,7 @@ use crate::objects::{DeleteOptions, Propagation, Write};
 use crate::patch::PatchKind;
 use crate::query;
 use crate::reply::{doc_response, json_response};
-use crate::selectors::Selector;
+use crate::selectors::Selection;
 use crate::status::ApiError;
 use crate::target::Resource;
 use crate::{list, table, watch};
@@ -153,8 +153,9 @@ pub async fn delete_collection(mut c: Call<'_>, r: Resource) -> Answer {
     let del = delete_options(&c.query, &body, r.opts.dry_run)?;
     let (def, objects) = (r.def, &c.st.objects);
     let (rv, items) = objects.list(def, r.ns.as_deref(), None);
+    let selection = Selection::new(None, &r.opts.labels, &r.opts.fields);
     let mut deleted = Vec::new();
-    for (_, doc) in items.iter().filter(|(_, o)| Selector::doc_matches(&r.opts.labels, &r.opts.fields, o)) {
+    for (_, doc) in items.iter().filter(|(key, o)| selection.matches(key, o)) {
         let obj = doc.metadata_view();
         let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
         let ons = obj.pointer("/metadata/namespace").and_then(Value::as_str);

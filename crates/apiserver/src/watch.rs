@@ -33,7 +33,7 @@ use crate::objects::Objects;
 use crate::query::ListOptions;
 use crate::registry::ResourceDef;
 use crate::reply::stream_response;
-use crate::selectors::Selector;
+use crate::selectors::{Selection, Selector};
 use crate::status::ApiError;
 use crate::store::{Doc, Event, EventType, Store, StoreError};
 use crate::table;
@@ -116,29 +116,19 @@ pub async fn wait_for_revision(store: &Store, rv: u64, within: Duration) -> Resu
     }
 }
 
+/// A watch's objects: those under `prefix` that `selection` picks.
 struct Filter {
     prefix: String,
-    /// Names the object must have (the URL's, and each `metadata.name=` of the field selector).
-    names: Vec<String>,
-    labels: Selector,
-    fields: Selector,
+    selection: Selection,
 }
 
 impl Filter {
-    /// Keys are `prefix` + [namespace `/`] + name (names hold no `/`), so the name is checked on
-    /// the key: a watch of one object by `fieldSelector=metadata.name=` (kube-rs's
-    /// `watch_object`, `kubectl get -w NAME`, `kubectl wait`) parses no event's object. The
-    /// object is parsed only for the other selectors.
-    fn new(prefix: String, name: Option<&str>, labels: Selector, mut fields: Selector) -> Filter {
-        let names = name.map(str::to_owned).into_iter().chain(fields.take_equal("metadata.name")).collect();
-        Filter { prefix, names, labels, fields }
+    fn new(prefix: String, name: Option<&str>, labels: &Selector, fields: &Selector) -> Filter {
+        Filter { prefix, selection: Selection::new(name, labels, fields) }
     }
 
     fn matches(&self, key: &str, obj: &Doc) -> bool {
-        key.strip_prefix(&self.prefix).is_some_and(|rest| {
-            let name = rest.rsplit('/').next().unwrap_or(rest);
-            self.names.iter().all(|want| want == name)
-        }) && Selector::doc_matches(&self.labels, &self.fields, obj)
+        key.starts_with(&self.prefix) && self.selection.matches(key, obj)
     }
 }
 
@@ -193,7 +183,7 @@ pub fn serve(
     let slot = slots.try_acquire().ok_or_else(|| {
         ApiError::too_many_requests(format!("too many watches are open on this server (at most {}); retry later", slots.max), 1)
     })?;
-    let filter = Filter::new(def.prefix(ns), name, opts.labels.clone(), opts.fields.clone());
+    let filter = Filter::new(def.prefix(ns), name, &opts.labels, &opts.fields);
     let timeout = opts.timeout.unwrap_or(DEFAULT_WATCH_TIMEOUT).min(MAX_WATCH_TIMEOUT);
     let bookmarks = opts.bookmarks;
     let initial_events = opts.send_initial_events;
@@ -352,7 +342,7 @@ mod tests {
         ];
         for (ns, name, labels, fields, want) in cases {
             let prefix = ns.map_or(prefix.to_owned(), |ns| format!("{prefix}{ns}/"));
-            let filter = Filter::new(prefix, name, Selector::labels(labels).unwrap(), Selector::fields(fields).unwrap());
+            let filter = Filter::new(prefix, name, &Selector::labels(labels).unwrap(), &Selector::fields(fields).unwrap());
             let got: Vec<usize> = objects
                 .iter()
                 .enumerate()
