@@ -18,6 +18,7 @@ pub mod migrate;
 pub mod nodes;
 mod reconcile;
 pub mod run;
+pub mod runner;
 pub mod selfheal;
 pub mod storage;
 pub mod volume_requests;

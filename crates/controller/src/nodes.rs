@@ -23,11 +23,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use crate::runner::Action;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
-use kube::runtime::controller::Action;
-use kube::runtime::{watcher, Controller};
+use kube::runtime::watcher;
+
+use crate::runner::Runner;
 use kube::ResourceExt;
 
 use api::annotations::{NODE_HEARTBEAT, NODE_SCHEDULABLE, OUT_OF_SERVICE_TAINT};
@@ -168,7 +169,7 @@ fn error_policy(_: Arc<Node>, err: &NodeError, _: Arc<Ctx>) -> Action {
 /// Runs the node controller until the process stops.
 pub async fn run(client: kube::Client, timeout: Duration) {
     let ctx = Arc::new(Ctx { client: client.clone(), timeout });
-    Controller::new(Api::<Node>::all(client), watcher::Config::default()).run(reconcile, error_policy, ctx).for_each(|_| async {}).await;
+    Runner::new(Api::<Node>::all(client), watcher::Config::default()).run(reconcile, error_policy, ctx).await;
 }
 
 #[cfg(test)]

@@ -19,8 +19,8 @@
 
 use std::sync::Arc;
 
+use crate::runner::Action;
 use kube::api::Api;
-use kube::runtime::controller::Action;
 use kube::ResourceExt;
 use tracing::Instrument;
 

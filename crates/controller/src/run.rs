@@ -1,6 +1,6 @@
 //! The controllers, wired: VMs (lifecycle, self-heal, legacy requests, declarative hot-plug;
 //! [`crate::reconcile`]), claims (local provisioner) and DataVolumes (import), each a
-//! kube-runtime `Controller`.
+//! [`crate::runner::Runner`] (kube-runtime's `Controller`, without its timer on each event).
 //!
 //! The VM controller watches its VMs, their VMIs (same name), and the claims and DataVolumes
 //! their volumes name, so nothing needs a timed re-queue (errors back off). Each watch also
@@ -14,9 +14,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, Controller, WatchStreamExt};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
@@ -24,6 +23,7 @@ use api::{DataVolume, VirtualMachine, VirtualMachineInstance};
 
 use crate::cache::Cache;
 use crate::reconcile::{reconcile_vm, Ctx};
+use crate::runner::{Action, Runner};
 use crate::storage::import::ImportConfig;
 
 pub use crate::reconcile::VmError;
@@ -128,7 +128,9 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(Api::<K>::all(client.clone()), watcher::Config::default())).touched_objects();
+    let stream = reflector::reflector(writer, watcher(Api::<K>::all(client.clone()), watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
     (store, stream)
 }
 
@@ -166,12 +168,12 @@ pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client
         let (writer_store, writer) = reflector::store();
         // Launcher and attachment pods (`kubevirt.io` = `virt-launcher` / `hotplug-disk`).
         let selector = crate::lifecycle::launcher_pod::APP_LABEL.to_owned();
-        let watch = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(&selector));
+        let watch = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(&selector)).default_backoff();
         ((class_store, class_events.boxed()), (writer_store, reflector::reflector(writer, watch).touched_objects().boxed()))
     };
     let timeout = config.node_heartbeat_timeout.unwrap_or(crate::nodes::DEFAULT_HEARTBEAT_TIMEOUT);
     tasks.spawn(crate::nodes::run(client.clone(), timeout));
-    let controller = Controller::new(Api::<VirtualMachine>::all(client.clone()), watcher::Config::default());
+    let controller = Runner::new(Api::<VirtualMachine>::all(client.clone()), watcher::Config::default());
     let (s1, s2, s3, s4, claims) = (controller.store(), controller.store(), vmis.clone(), controller.store(), pvcs.clone());
     let cache = Cache { vms: controller.store(), vmis, pvcs, dvs, nodes, pods, classes };
     let ctx = Arc::new(Ctx { client, legacy_volume_requests: config.legacy_volume_requests, cache, placement: config.placement });
@@ -189,7 +191,6 @@ pub async fn run_with_storage_client(client: kube::Client, storage: kube::Client
             Some(ObjectRef::new(&vm).within(&p.namespace().unwrap_or_default()))
         })
         .run(guarded_reconcile, error_policy, ctx)
-        .for_each(|_| async {})
         .await;
     tasks.shutdown().await;
 }

@@ -37,14 +37,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use crate::runner::Action;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, Controller, WatchStreamExt};
+use kube::runtime::{watcher, WatchStreamExt};
+
+use crate::runner::Runner;
 use kube::ResourceExt;
 use tracing::Instrument;
 
@@ -569,7 +570,7 @@ pub async fn run(client: kube::Client, root: PathBuf) {
         stores_ready: tokio::sync::OnceCell::new(),
         in_use: Arc::clone(&waiting),
     });
-    let controller = Controller::new(pvcs, watcher::Config::default());
+    let controller = Runner::new(pvcs, watcher::Config::default());
     let store = controller.store();
     let claims = controller
         // A VMI's change (its deletion above all) wakes the claims it uses, and the deleted
@@ -596,7 +597,6 @@ pub async fn run(client: kube::Client, root: PathBuf) {
             let r = pv.spec.and_then(|s| s.claim_ref)?;
             Some(ObjectRef::new(r.name.as_deref()?).within(r.namespace.as_deref()?))
         })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {});
+        .run(reconcile, error_policy, ctx);
     tokio::join!(claims, volume::run(client, root));
 }

@@ -34,16 +34,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use crate::runner::Action;
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, PersistentVolumeStatus,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{watcher, Controller, WatchStreamExt};
+use kube::runtime::{watcher, WatchStreamExt};
+
+use crate::runner::Runner;
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -315,10 +316,9 @@ pub async fn run(client: kube::Client, root: PathBuf) {
     let ctx = Arc::new(Ctx { client, root });
     // A claim's deletion wakes its PV (by the name the provisioner gives it).
     let claims = watcher(pvcs, watcher::Config::default()).default_backoff().touched_objects();
-    Controller::new(pvs, watcher::Config::default())
+    Runner::new(pvs, watcher::Config::default())
         .watches_stream(claims, |pvc: PersistentVolumeClaim| pvc.uid().map(|u| ObjectRef::new(&name_for(&u))))
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {})
         .await;
 }
 

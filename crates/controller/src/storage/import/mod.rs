@@ -64,13 +64,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::runner::Action;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, PostParams};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{watcher, Controller, WatchStreamExt};
+use kube::runtime::{watcher, WatchStreamExt};
+
+use crate::runner::Runner;
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -617,7 +619,7 @@ pub async fn run(client: kube::Client, root: PathBuf, config: ImportConfig) -> R
     // Held until this function returns or is dropped: see `Ctx::running`.
     let (_running, running) = tokio::sync::watch::channel(());
     let ctx = Arc::new(Ctx::new(client, root, config, running)?);
-    Controller::new(dvs, watcher::Config::default())
+    Runner::new(dvs, watcher::Config::default())
         // The claim's binding wakes its DataVolume (the claim is named after it).
         .watches(pvcs, watcher::Config::default(), |pvc| {
             let ns = pvc.namespace().unwrap_or_default();
@@ -628,7 +630,6 @@ pub async fn run(client: kube::Client, root: PathBuf, config: ImportConfig) -> R
                 .collect::<Vec<_>>()
         })
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {})
         .await;
     Ok(())
 }
