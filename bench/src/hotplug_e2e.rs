@@ -31,7 +31,7 @@ use kube::api::Api;
 
 use api::VirtualMachineInstance;
 use virtplug_bench::cputime::cpu_seconds;
-use virtplug_bench::up::{start_up, Guest, Up, API};
+use virtplug_bench::up::{start_up_with, Guest, Up, API};
 use virtplug_bench::waits::{boot_deadline, output_within, secs, stop_signal, within};
 
 #[derive(Parser)]
@@ -79,9 +79,16 @@ struct Args {
     /// which it kills its QEMUs) and the run fails.
     #[arg(long, default_value_t = 1800)]
     floor_deadline: u64,
+    /// An argument for `virtplug up`, after the bench's own (repeat it for more), e.g.
+    /// `--up-arg=--audit-log --up-arg=/tmp/audit.jsonl` to see each request's time.
+    #[arg(long = "up-arg", allow_hyphen_values = true)]
+    up_arg: Vec<String>,
 }
 
 impl Args {
+    fn up_args(&self) -> Vec<&str> {
+        self.up_arg.iter().map(String::as_str).collect()
+    }
     /// The boot deadline of `vms` VMs booting at once.
     fn boot(&self, vms: usize) -> Duration {
         boot_deadline(self.boot_deadline, vms)
@@ -147,7 +154,7 @@ async fn poll_vmi<T>(
 }
 
 async fn p1(args: &Args) -> anyhow::Result<()> {
-    let up = start_up(&args.virtplug).await?;
+    let up = start_up_with(&args.virtplug, &args.up_args()).await?;
     up.claim("p1", "8Mi").await?;
     let start = Instant::now();
     up.vm("p1", &args.guest, &args.kernel_args).await?;
@@ -218,7 +225,7 @@ async fn p1(args: &Args) -> anyhow::Result<()> {
 }
 
 async fn p2(args: &Args) -> anyhow::Result<()> {
-    let up = start_up(&args.virtplug).await?;
+    let up = start_up_with(&args.virtplug, &args.up_args()).await?;
     let names: Vec<String> = (0..args.p2_vms).map(|i| format!("p2-{i}")).collect();
     for n in &names {
         for j in 0..args.p2_volumes {
@@ -355,7 +362,7 @@ fn children_cpu() -> anyhow::Result<f64> {
 }
 
 async fn p3(args: &Args) -> anyhow::Result<()> {
-    let up = start_up(&args.virtplug).await?;
+    let up = start_up_with(&args.virtplug, &args.up_args()).await?;
     let start = Instant::now();
     up.vm("p3", &args.guest, &args.kernel_args).await?;
     let guest = boot_one(&up, "p3", start, args).await?;
