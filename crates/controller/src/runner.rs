@@ -201,9 +201,8 @@ struct State<K: Resource<DynamicType = ()> + 'static, E> {
     in_flight: FuturesUnordered<InFlight<K, E>>,
     timers: DelayQueue<ObjectRef<K>>,
     timer_keys: HashMap<ObjectRef<K>, delay_queue::Key>,
-    /// Triggered before the store held its first list.
-    before_ready: Vec<ObjectRef<K>>,
-    before_ready_set: HashSet<ObjectRef<K>>,
+    /// Triggered before the store held its first list (each once).
+    before_ready: HashSet<ObjectRef<K>>,
 }
 
 impl<K: Resource<DynamicType = ()> + 'static, E> State<K, E> {
@@ -214,8 +213,7 @@ impl<K: Resource<DynamicType = ()> + 'static, E> State<K, E> {
             in_flight: FuturesUnordered::new(),
             timers: DelayQueue::new(),
             timer_keys: HashMap::new(),
-            before_ready: Vec::new(),
-            before_ready_set: HashSet::new(),
+            before_ready: HashSet::new(),
         }
     }
 
@@ -225,9 +223,7 @@ impl<K: Resource<DynamicType = ()> + 'static, E> State<K, E> {
             self.timers.remove(&key);
         }
         if !ready {
-            if self.before_ready_set.insert(r.clone()) {
-                self.before_ready.push(r);
-            }
+            self.before_ready.insert(r);
             return None;
         }
         match self.running.get_mut(&r) {
