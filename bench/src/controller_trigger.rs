@@ -23,8 +23,8 @@ use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::json;
 use tokio::sync::mpsc;
-use virtplug_bench::apiserver;
 use virtplug_bench::waits::within;
+use virtplug_bench::{apiserver, pct};
 
 #[derive(Parser)]
 struct Args {
@@ -74,12 +74,6 @@ async fn round(cms: &Api<ConfigMap>, name: &str, n: u64, rx: &mut mpsc::Unbounde
     .await
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v.get(i).copied().unwrap_or(f64::NAN)
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -123,10 +117,10 @@ async fn main() -> anyhow::Result<()> {
     println!("change → reconcile that sees it, {} rounds (ms; the patch's round trip included)\n", args.rounds);
     println!("| controller | p50 | p90 | p99 | mean |");
     println!("|---|---:|---:|---:|---:|");
-    for (who, v) in [("kube-runtime `Controller`", &mut k), ("`controller::runner::Runner`", &mut r)] {
+    for (who, v) in [("kube-runtime `Controller`", &k), ("`controller::runner::Runner`", &r)] {
         let mean = v.iter().sum::<f64>() / v.len() as f64;
         println!("| {who} | {:.2} | {:.2} | {:.2} | {mean:.2} |", pct(v, 0.5), pct(v, 0.9), pct(v, 0.99));
     }
-    println!("\nrunner p50 / kube-runtime p50: {:.2}", pct(&mut r, 0.5) / pct(&mut k, 0.5));
+    println!("\nrunner p50 / kube-runtime p50: {:.2}", pct(&r, 0.5) / pct(&k, 0.5));
     Ok(())
 }

@@ -31,6 +31,7 @@ use kube::api::Api;
 
 use api::VirtualMachineInstance;
 use virtplug_bench::cputime::cpu_seconds;
+use virtplug_bench::pct;
 use virtplug_bench::up::{start_up_with, Guest, Up, API};
 use virtplug_bench::waits::{boot_deadline, output_within, secs, stop_signal, within};
 
@@ -118,13 +119,6 @@ impl Args {
 async fn boot_one(up: &Up, name: &str, start: Instant, args: &Args) -> anyhow::Result<Guest> {
     let (mut guests, _) = up.boot_all(&[name.to_owned()], start, args.boot(1)).await?;
     guests.pop().context("no guest")
-}
-
-#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-fn pct(v: &[f64], q: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(((v.len().max(1) as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN)
 }
 
 /// How long a guest may take to report one hot-plug or unplug in P1.

@@ -1,5 +1,5 @@
-//! What the benchmark harnesses share (their results go to BENCHMARKS.md): CPU time of a
-//! process, deadlines for every wait, `virtplug apiserver` as a peer, and the end-to-end
+//! What the benchmark harnesses share (their results go to BENCHMARKS.md): a percentile, CPU
+//! time of a process, deadlines for every wait, `virtplug apiserver` as a peer, and the end-to-end
 //! harness's `virtplug up`.
 
 pub mod apiserver;
@@ -15,3 +15,12 @@ pub mod waits;
 /// `tsc=unstable` keeps time by the HPET, as the calibration of the TSC can come out 10-80×
 /// too slow there and make the guest's clock run that much fast (tests/guest/init).
 pub const GUEST_KERNEL_ARGS: &str = "console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable";
+
+/// The `q` quantile (0..=1, nearest rank) of `v`; NaN for no samples.
+#[must_use]
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn pct(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(((v.len().max(1) as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN)
+}

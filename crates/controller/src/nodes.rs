@@ -23,12 +23,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::runner::Action;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::runtime::watcher;
-
-use crate::runner::Runner;
 use kube::ResourceExt;
 
 use api::annotations::{NODE_HEARTBEAT, NODE_SCHEDULABLE, OUT_OF_SERVICE_TAINT};
@@ -38,6 +35,7 @@ use api::VirtualMachineInstance;
 use client::events::{self, EventType};
 
 use crate::lifecycle::{condition, set_condition, NODE_LABEL};
+use crate::runner::{Action, Runner};
 
 /// KubeVirt's: virt-handler heartbeats every minute, virt-controller gives up after five.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(300);

@@ -37,15 +37,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::runner::Action;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-
-use crate::runner::Runner;
 use kube::ResourceExt;
 use tracing::Instrument;
 
@@ -56,6 +53,7 @@ use client::events::{self, EventType};
 use super::class::{self, Decision, ReclaimPolicy, PROVISIONER};
 use super::volume::{self, ANN_BIND_COMPLETED, ANN_BOUND_BY_CONTROLLER, ANN_STORAGE_PROVISIONER};
 use super::{claim_dir, loopdev, requested_bytes, VolumeMode, ANN_DEVICE, ANN_PATH, FINALIZER};
+use crate::runner::{Action, Runner};
 
 const COMPONENT: &str = "virtplug-provisioner";
 

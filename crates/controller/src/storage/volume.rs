@@ -34,7 +34,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::runner::Action;
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, PersistentVolumeStatus,
 };
@@ -43,8 +42,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, WatchStreamExt};
-
-use crate::runner::Runner;
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -53,6 +50,7 @@ use client::events::{self, EventType};
 use super::class::{ReclaimPolicy, PROVISIONER};
 use super::provisioner::{release_device, release_dir, ProvisionError};
 use super::{claim_dir, VolumeMode, ANN_DEVICE};
+use crate::runner::{Action, Runner};
 
 /// The finalizer Kubernetes' pv-protection admission puts on every PV.
 pub const PV_PROTECTION: &str = "kubernetes.io/pv-protection";

@@ -64,15 +64,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::runner::Action;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, WatchStreamExt};
-
-use crate::runner::Runner;
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -87,6 +84,7 @@ pub use net_policy::AllowEntry;
 use net_policy::{GuardedResolver, NetPolicy};
 
 use super::parse_bytes;
+use crate::runner::{Action, Runner};
 
 const COMPONENT: &str = "virtplug-importer";
 
