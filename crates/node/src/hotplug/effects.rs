@@ -22,10 +22,10 @@ pub trait Effects: Sync {
     /// Opens the source of `a`'s volume, its claim checked ready.
     fn open(&self, a: &Attach) -> impl Future<Output = Result<Opened, SourceError>> + Send;
 
-    /// Writes `changes`, reached at `at`, to the VMI's `volumeStatus` in one status write;
-    /// whether it was written (a failure is logged, and the pass asks for another soon, which
-    /// writes what is still missing).
-    fn write(&self, changes: Vec<Change>, at: jiff::Timestamp) -> impl Future<Output = bool> + Send;
+    /// Writes `batches` — each a step's changes and when the pass reached them, in order — to
+    /// the VMI's `volumeStatus` in one status write; whether it was written (a failure is
+    /// logged, and the pass asks for another soon, which writes what is still missing).
+    fn write(&self, batches: Vec<(Vec<Change>, jiff::Timestamp)>) -> impl Future<Output = bool> + Send;
 
     /// Raises an Event on the VMI.
     fn event(&self, reason: EventReason, message: String) -> impl Future<Output = ()> + Send;
@@ -43,10 +43,13 @@ impl Effects for ApiEffects<'_> {
         crate::claims::open(self.shared, &ns, &a.volume, &a.claim, a.readonly, a.attach_pod.clone()).await
     }
 
-    async fn write(&self, changes: Vec<Change>, at: jiff::Timestamp) -> bool {
+    async fn write(&self, batches: Vec<(Vec<Change>, jiff::Timestamp)>) -> bool {
         let api: Api<VirtualMachineInstance> = Api::namespaced(self.shared.client.clone(), &self.vmi.namespace().unwrap_or_default());
         let r = client::update_status(&api, &self.vmi.name_any(), |v: &mut VirtualMachineInstance| {
-            status::apply(v.status.get_or_insert_with(Default::default), &changes, at);
+            let s = v.status.get_or_insert_with(Default::default);
+            for (changes, at) in &batches {
+                status::apply(s, changes, *at);
+            }
         })
         .await;
         match r {

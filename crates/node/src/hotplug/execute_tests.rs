@@ -25,6 +25,7 @@ use crate::source::{Opened, SourceError};
 /// What the executor did outside QEMU, in order.
 #[derive(Clone, Debug, PartialEq)]
 enum Did {
+    /// One status write: its batches' changes, in order.
     Wrote(Vec<Change>),
     Raised(EventReason, String),
 }
@@ -37,8 +38,8 @@ struct Recorded {
     did: Mutex<Vec<Did>>,
     /// When set, each write first takes a permit (a write the test holds back: a slow API).
     gate: Option<Arc<tokio::sync::Semaphore>>,
-    /// When each written batch says its changes were reached, in order.
-    stamps: Mutex<Vec<jiff::Timestamp>>,
+    /// Per write, when each of its batches says its changes were reached, in order.
+    stamps: Mutex<Vec<Vec<jiff::Timestamp>>>,
     /// The write (0: the first) the API fails, and the writes tried so far.
     refuse: Option<usize>,
     tried: Mutex<usize>,
@@ -88,7 +89,7 @@ impl Effects for Recorded {
         Ok(Opened { fd: f.into(), path, block: false })
     }
 
-    async fn write(&self, changes: Vec<Change>, at: jiff::Timestamp) -> bool {
+    async fn write(&self, batches: Vec<(Vec<Change>, jiff::Timestamp)>) -> bool {
         if let Some(gate) = &self.gate {
             gate.acquire().await.unwrap().forget();
         }
@@ -100,8 +101,8 @@ impl Effects for Recorded {
         if self.refuse == Some(n) {
             return false;
         }
-        self.stamps.lock().unwrap().push(at);
-        self.did.lock().unwrap().push(Did::Wrote(changes));
+        self.stamps.lock().unwrap().push(batches.iter().map(|(_, at)| *at).collect());
+        self.did.lock().unwrap().push(Did::Wrote(batches.into_iter().flat_map(|(changes, _)| changes).collect()));
         true
     }
 
@@ -140,7 +141,7 @@ fn w(items: &[(&str, &str)]) -> Vec<(String, String)> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn disks_are_staged_from_the_passs_inventory_and_each_phase_is_one_write_for_all() {
+async fn disks_are_staged_from_the_passs_inventory_and_a_plug_is_one_write_for_all() {
     let (fake, m) = qemu();
     let effects = Recorded::new();
     assert_eq!(run(&m, &Inventory::default(), &effects, None, vec![disk("a"), disk("b")]).await, None);
@@ -151,23 +152,26 @@ async fn disks_are_staged_from_the_passs_inventory_and_each_phase_is_one_write_f
     );
     assert_eq!(
         effects.writes(),
-        [
-            w(&[("a", "AttachedToNode"), ("b", "AttachedToNode")]),
-            w(&[("a", "MountedToPod"), ("b", "MountedToPod")]),
-            w(&[("a", "Ready"), ("b", "Ready")])
-        ]
+        [w(&[
+            ("a", "AttachedToNode"),
+            ("b", "AttachedToNode"),
+            ("a", "MountedToPod"),
+            ("b", "MountedToPod"),
+            ("a", "Ready"),
+            ("b", "Ready")
+        ])],
+        "the three steps' batches, in order, in one write"
     );
+    assert_eq!(effects.stamps.lock().unwrap()[0].len(), 3, "each batch keeps its own time");
 }
 
 #[tokio::test(start_paused = true)]
-async fn qemu_is_not_kept_waiting_by_a_slow_status_write_and_the_writes_keep_their_order() {
+async fn status_writes_wait_until_the_plug_is_done_keep_their_order_and_when_each_phase_was_reached() {
     let (fake, m) = qemu();
-    let mut effects = Recorded::new();
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    effects.gate = Some(Arc::clone(&gate));
-    // The API holds every write back until QEMU got the `device_add` (time is the test's: the
-    // deadline passes at once if nothing else can happen).
-    let api = async {
+    let effects = Recorded::new();
+    // QEMU answers `device_add` 50 ms late (time is the test's): nothing is written before it.
+    fake.delay("device_add", Duration::from_millis(50));
+    let watch = async {
         let plugged = || fake.commands().iter().any(|c| c == "device_add");
         let waited = tokio::time::timeout(Duration::from_secs(5), async {
             while !plugged() {
@@ -175,20 +179,20 @@ async fn qemu_is_not_kept_waiting_by_a_slow_status_write_and_the_writes_keep_the
             }
         })
         .await;
-        assert!(waited.is_ok(), "device_add never went out while the AttachedToNode write was held: {:?}", fake.commands());
-        assert!(effects.writes().is_empty(), "no write had returned yet");
-        let plugged_at = jiff::Timestamp::now();
-        gate.add_permits(3);
-        plugged_at
+        assert!(waited.is_ok(), "device_add never went out: {:?}", fake.commands());
+        let sent_at = jiff::Timestamp::now();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(effects.writes().is_empty(), "a write went out beside device_add: {:?}", effects.writes());
+        sent_at
     };
     let held = Inventory::default();
-    let (retry, plugged_at) = tokio::join!(run(&m, &held, &effects, None, vec![disk("a")]), api);
+    let (retry, sent_at) = tokio::join!(run(&m, &held, &effects, None, vec![disk("a")]), watch);
     assert_eq!(retry, None);
-    assert_eq!(effects.writes(), [w(&[("a", "AttachedToNode")]), w(&[("a", "MountedToPod")]), w(&[("a", "Ready")])]);
+    assert_eq!(effects.writes(), [w(&[("a", "AttachedToNode"), ("a", "MountedToPod"), ("a", "Ready")])]);
     let stamps = effects.stamps.lock().unwrap().clone();
     assert!(
-        stamps[..2].iter().all(|t| *t <= plugged_at),
-        "stamped when reached, not when written after the plug: {stamps:?} vs {plugged_at}"
+        stamps[0][..2].iter().all(|t| *t <= sent_at) && stamps[0][2] > sent_at,
+        "stamped when reached (AttachedToNode, MountedToPod before device_add; Ready after its answer): {stamps:?} vs {sent_at}"
     );
 }
 
@@ -201,7 +205,7 @@ async fn a_refused_device_add_leaves_the_volume_attached_to_node_with_qemus_reas
     assert!(retry.is_some_and(|d| d <= BACKOFF.base * 2), "retried at the backoff: {retry:?}");
     assert_eq!(fake.commands()[3..], ["device_add", "blockdev-del"], "the plug's rollback");
     let Some(Did::Wrote(last)) = effects.did().pop() else { panic!("a last write") };
-    let Change::Set { phase, reason, message, .. } = &last[0] else { panic!("{last:?}") };
+    let Some(Change::Set { phase, reason, message, .. }) = last.last() else { panic!("{last:?}") };
     assert_eq!((phase, reason), (&VolumePhase::AttachedToNode, &VolumeReason::PvcBound));
     assert!(message.starts_with("QEMU refused the volume") && message.contains("Duplicate ID"), "{message}");
 }
@@ -316,7 +320,7 @@ async fn in_bind_mount_mode_qemu_opens_the_target_and_a_failed_attach_releases_i
     let target = run_dir.path().join("hotplug/a");
     assert_eq!(fake.commands(), ["blockdev-add", "device_add"], "no fd handoff");
     assert_eq!(fake.calls()[0].args["file"]["filename"], json!(target.display().to_string()));
-    assert_eq!(effects.writes(), [w(&[("a", "AttachedToNode")]), w(&[("a", "MountedToPod")]), w(&[("a", "Ready")])]);
+    assert_eq!(effects.writes(), [w(&[("a", "AttachedToNode"), ("a", "MountedToPod"), ("a", "Ready")])]);
     assert_eq!(rec.take(), [Request::BindMount { pid: 4242, target: target.clone(), readonly: false }], "QEMU holds it: the target stays");
 
     fake.refuse("device_add", "GenericError", "cannot open it");

@@ -1,5 +1,6 @@
 //! The agent's changes to `volumeStatus`, as values: a pass collects them per step and the
-//! executor writes each batch in one status write; [`apply`] is what that write does to the VMI.
+//! executor writes the batches queued in a row in one status write; [`apply`] is what that write
+//! does to the VMI, batch by batch.
 
 use api::kubevirt::VirtualMachineInstanceStatus;
 use api::phases::{VolumePhase, VolumeReason};

@@ -66,6 +66,8 @@ pub enum Answer {
     Error { class: String, desc: String },
     /// No answer: the command times out at its deadline.
     Silent,
+    /// `{}`, after the given time (a QEMU slow to answer).
+    Late(Duration),
 }
 
 #[derive(Default)]
@@ -121,6 +123,11 @@ impl Fake {
         self.answer(command, Answer::Silent)
     }
 
+    /// Queues a late `{}` for `command`: it is answered `after` that long.
+    pub fn delay(&self, command: &str, after: Duration) -> &Fake {
+        self.answer(command, Answer::Late(after))
+    }
+
     /// Sends event `name` with `data` right after the next call of `command` is answered.
     pub fn emit_after(&self, command: &str, name: &str, data: Value) -> &Fake {
         self.script().events_after.entry(command.to_owned()).or_default().push_back((name.to_owned(), data));
@@ -168,6 +175,10 @@ impl Fake {
             Answer::Silent => {
                 tokio::time::sleep(deadline).await;
                 return Err(QmpError::Timeout { command: command.to_owned(), deadline });
+            }
+            Answer::Late(after) => {
+                tokio::time::sleep(after).await;
+                Ok(json!({}))
             }
         };
         for (name, data) in events {
