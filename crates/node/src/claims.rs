@@ -47,7 +47,7 @@ fn loop_device_of(backing: &Path) -> Option<PathBuf> {
 }
 
 /// The claim `claim` in `ns`, if it is ready to be used: bound and, for a DataVolume, imported.
-pub(crate) async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PersistentVolumeClaim, SourceError> {
+async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PersistentVolumeClaim, SourceError> {
     source::check_name("claim name", claim)?;
     let api_err = |e: kube::Error| SourceError::NotReady(format!("cannot read claim {claim}: {e}"));
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(shared.client.clone(), ns);
@@ -137,17 +137,17 @@ pub(crate) async fn open_in_launcher(
 /// by KubeVirt's virt-controller or virtplug's with `--placement pods`; with `--launcher-pods`
 /// it is waited for) — inside that pod: a Filesystem claim's `disk.img` at
 /// `/<volume>/disk.img`, a Block claim's device at `/path/<volume>/<claim uid>` (where
-/// KubeVirt's attachment pod has them). `pvc` is the volume's claim as [`ready_claim`] read it
-/// (the pass reads the claims it expects to attach while it asks QEMU what it holds).
+/// KubeVirt's attachment pod has them).
 pub(crate) async fn open(
     shared: &Shared,
+    ns: &str,
     volume: &str,
-    pvc: Result<PersistentVolumeClaim, SourceError>,
+    claim: &Claim,
     readonly: bool,
     attach_pod: Option<String>,
 ) -> Result<source::Opened, SourceError> {
     source::check_name("volume name", volume)?;
-    let pvc = pvc?;
+    let pvc = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
     // Launcher pods: a claim reaches this node only through its attachment pod (the claim may
     // be a CSI volume that is mounted nowhere else); wait until the controller names it.
     if attach_pod.is_none() && shared.config.launcher_pods {

@@ -4,11 +4,7 @@
 //! [`ApiEffects`] is the real one: the claims through the API, the status write through
 //! `client::update_status`.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
-
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 use kube::api::Api;
 use kube::ResourceExt;
@@ -39,22 +35,12 @@ pub trait Effects: Sync {
 pub struct ApiEffects<'a> {
     pub shared: &'a Shared,
     pub vmi: &'a VirtualMachineInstance,
-    /// Claims the pass read before its plan (while QEMU answered), by claim name: an open takes
-    /// its claim from here once, else reads it.
-    pub claims: Mutex<HashMap<String, Result<PersistentVolumeClaim, SourceError>>>,
 }
 
 impl Effects for ApiEffects<'_> {
     async fn open(&self, a: &Attach) -> Result<Opened, SourceError> {
-        let read = self.claims.lock().unwrap_or_else(PoisonError::into_inner).remove(&a.claim.name);
-        let pvc = match read {
-            Some(pvc) => pvc,
-            None => {
-                let ns = self.vmi.namespace().unwrap_or_default();
-                crate::claims::ready_claim(self.shared, &ns, &a.claim.name, a.claim.data_volume).await
-            }
-        };
-        crate::claims::open(self.shared, &a.volume, pvc, a.readonly, a.attach_pod.clone()).await
+        let ns = self.vmi.namespace().unwrap_or_default();
+        crate::claims::open(self.shared, &ns, &a.volume, &a.claim, a.readonly, a.attach_pod.clone()).await
     }
 
     async fn write(&self, batches: Vec<(Vec<Change>, jiff::Timestamp)>) -> bool {

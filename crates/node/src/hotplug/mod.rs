@@ -27,11 +27,9 @@ pub mod plan;
 pub mod status;
 mod waiting;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use api::VirtualMachineInstance;
-use kube::ResourceExt;
 use qemu::Machine;
 
 pub use waiting::Volumes;
@@ -47,16 +45,8 @@ pub async fn reconcile(
     bind: Option<&Vm>,
     volumes: &mut Volumes,
 ) -> Option<Duration> {
-    // The three queries go out together (QMP answers in order): one round trip before the plan;
-    // the claims the pass will likely open are read meanwhile (not after the plan).
-    let ns = vmi.namespace().unwrap_or_default();
-    let ns = &ns;
-    let reads = plan::likely_opened(&plan::wanted(&vmi.spec), vmi.status.as_ref()).into_iter().map(|c| async move {
-        let pvc = crate::claims::ready_claim(shared, ns, &c.name, c.data_volume).await;
-        (c.name, pvc)
-    });
-    let ((inventory, drives), claims) =
-        tokio::join!(async { tokio::join!(machine.inventory(), machine.drives()) }, futures::future::join_all(reads));
+    // The three queries go out together (QMP answers in order): one round trip before the plan.
+    let (inventory, drives) = tokio::join!(machine.inventory(), machine.drives());
     let inventory = match inventory {
         Ok(i) => i,
         Err(e) => {
@@ -66,7 +56,7 @@ pub async fn reconcile(
     };
     let drives = drives.unwrap_or_default();
     let steps = plan::plan(&plan::wanted(&vmi.spec), &inventory, &drives, vmi.status.as_ref());
-    let effects = effects::ApiEffects { shared, vmi, claims: Mutex::new(claims.into_iter().collect()) };
+    let effects = effects::ApiEffects { shared, vmi };
     let mut pass = execute::Pass::new(machine, &inventory, &effects, volumes, shared.config.backoff);
     pass.bind = bind;
     pass.status = vmi.status.as_ref();

@@ -39,18 +39,6 @@ pub fn wanted(spec: &VirtualMachineInstanceSpec) -> Vec<Wanted<'_>> {
         .collect()
 }
 
-/// The claims of the `wanted` volumes whose entry is not `Ready`, by name, once each: those a
-/// pass is about to open, read while QEMU is asked what it holds (one QEMU already holds is read
-/// for nothing, once).
-#[must_use]
-pub fn likely_opened(wanted: &[Wanted<'_>], status: Option<&VirtualMachineInstanceStatus>) -> Vec<Claim> {
-    let ready = |name: &str| status.and_then(|s| s.volume(name)).is_some_and(|e| e.phase == Some(VolumePhase::Ready));
-    let mut claims: Vec<Claim> = wanted.iter().filter(|w| !ready(&w.volume.name)).filter_map(|w| Claim::of(w.volume)).collect();
-    claims.sort_by(|a, b| a.name.cmp(&b.name));
-    claims.dedup_by(|a, b| a.name == b.name);
-    claims
-}
-
 /// What a volume becomes in QEMU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {

@@ -4,7 +4,7 @@ use api::kubevirt::{VirtualMachineInstanceSpec, VirtualMachineInstanceStatus};
 use qemu::{Attached, DeviceKind, Drive, Inventory};
 use serde_json::{json, Value};
 
-use super::{likely_opened, plan, wanted, Attach, Step, Target};
+use super::{plan, wanted, Attach, Step, Target};
 use crate::claims::Claim;
 
 fn pvc(name: &str) -> Value {
@@ -180,26 +180,4 @@ fn volumes_that_are_not_hot_pluggable_or_have_no_disk_are_not_the_agents() {
     let boot = json!({"name": "boot", "persistentVolumeClaim": {"claimName": "boot"}});
     let s = spec(&[boot, pvc("nodisk")], &[disk("boot")]);
     assert_eq!(steps(&s, &Inventory::default(), &[], None), []);
-}
-
-#[test]
-fn the_claims_read_ahead_are_those_the_plan_opens_and_not_those_of_ready_volumes() {
-    let s = spec(&[pvc("a"), pvc("b"), dv("c", "c-dv"), pvc("nodisk")], &[disk("a"), disk("b"), cdrom("c")]);
-    let st = status(&json!([entry("a", "Ready"), entry("b", "AttachedToNode")]));
-    let claims = likely_opened(&wanted(&s), Some(&st));
-    let want = [Claim { name: "b-pvc".into(), data_volume: false }, Claim { name: "c-dv".into(), data_volume: true }];
-    assert_eq!(claims, want, "not the Ready volume's, nor one without its disk");
-    // Every claim a pass opens was read ahead: a fresh VMI in a fresh QEMU, and `a` after a
-    // restart (Ready, but QEMU lost it: read when opened).
-    let opened = |st: Option<&VirtualMachineInstanceStatus>| -> Vec<String> {
-        let mut v: Vec<String> = steps(&s, &Inventory::default(), &[drive("c", None)], st)
-            .into_iter()
-            .filter_map(|step| if let Step::Attach(a) = step { Some(a.claim.name) } else { None })
-            .collect();
-        v.sort();
-        v
-    };
-    let ahead = |st| likely_opened(&wanted(&s), st).into_iter().map(|c| c.name).collect::<Vec<_>>();
-    assert_eq!(opened(None), ahead(None));
-    assert_eq!(opened(Some(&st)), ["a-pvc", "b-pvc", "c-dv"]);
 }
