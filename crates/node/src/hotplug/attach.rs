@@ -1,7 +1,7 @@
 //! The attach side of a pass: every source opened, then staged (bind-mount mode: first mounted
 //! in QEMU's namespace), then plugged or inserted — each step for all volumes before the next, so
-//! that each phase is one status write, queued for the pass's writer while QEMU works on the
-//! next step (QMP never waits for a status write).
+//! that each phase is one batch of status changes, queued for the pass's writer, which writes
+//! the step's batches together once the attach step is done (QMP never waits for a status write).
 //!
 //! Attach: claim ready → open the source (`AttachedToNode`) → `add-fd` + `blockdev-add`
 //! ([`qemu::Machine::stage_with`], against the pass's inventory: QEMU holds the block node,
@@ -74,7 +74,7 @@ impl<E: Effects> Pass<'_, E> {
             .iter()
             .map(|(g, o)| Change::reached(&g.a.volume, VolumePhase::AttachedToNode, format!("opened {}", o.path.display())))
             .collect();
-        // Queued: the writer sends it while the volumes are staged and plugged.
+        // Queued: the writer sends it with the later batches once the volumes are plugged.
         self.write(to_node);
         let staging = self.stage_all(opened).await;
         failed.extend(staging.failed);
@@ -134,7 +134,7 @@ impl<E: Effects> Pass<'_, E> {
     }
 
     /// Into QEMU, in turn (one QMP connection): bind-mount mode's targets first (their
-    /// `MountedToPod` in one write), then media into their drives and disks staged.
+    /// `MountedToPod` in one batch), then media into their drives and disks staged.
     async fn stage_all(&self, opened: Vec<(Going, Opened)>) -> Staging {
         let mut out = Staging::default();
         let mut sources = Vec::new();

@@ -85,7 +85,7 @@ pub(super) struct Pass<'a, E: Effects> {
 
 /// What the pass's writer is given, in order.
 enum Queued {
-    /// One status write, and when its changes were reached.
+    /// One batch of status changes, and when they were reached.
     Write(Vec<Change>, jiff::Timestamp),
     /// Events on the VMI, raised together.
     Events(Vec<(EventReason, String)>),
@@ -113,7 +113,8 @@ impl<'a, E: Effects> Pass<'a, E> {
         }
     }
 
-    /// Runs `steps`, its status writes beside them, in order; returns when to retry if
+    /// Runs `steps`, its status writes beside them, in order, from the end of the attach step
+    /// on; returns when to retry if
     /// something waits or a status write failed (within the base backoff: nothing else would
     /// wake the worker to write it again), once the last write has returned.
     pub async fn run(mut self, steps: Vec<Step>) -> Option<Duration> {

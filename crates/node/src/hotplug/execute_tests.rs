@@ -1,5 +1,5 @@
 //! The executor against the scripted QEMU ([`qemu::qmp::fake::Fake`]) and recording effects: what
-//! it sends QEMU, what it writes (batch by batch) and which Events it raises, in order.
+//! it sends QEMU, what it writes (write by write) and which Events it raises, in order.
 
 #![allow(clippy::unwrap_used)]
 
@@ -191,8 +191,40 @@ async fn status_writes_wait_until_the_plug_is_done_keep_their_order_and_when_eac
     assert_eq!(effects.writes(), [w(&[("a", "AttachedToNode"), ("a", "MountedToPod"), ("a", "Ready")])]);
     let stamps = effects.stamps.lock().unwrap().clone();
     assert!(
-        stamps[0][..2].iter().all(|t| *t <= sent_at) && stamps[0][2] > sent_at,
+        stamps[0][..2].iter().all(|t| *t <= sent_at) && stamps[0][2] >= sent_at,
         "stamped when reached (AttachedToNode, MountedToPod before device_add; Ready after its answer): {stamps:?} vs {sent_at}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn qemu_is_not_kept_waiting_by_a_slow_status_write_once_the_writes_have_begun() {
+    let (fake, m) = qemu();
+    unplugs_gone(&fake);
+    let mut effects = Recorded::new();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    effects.gate = Some(Arc::clone(&gate));
+    // The API holds every write back (the plug's and `Detaching`) until QEMU got the unplug's
+    // `device_del` (time is the test's: the deadline passes at once if nothing else can happen).
+    let api = async {
+        let unplugging = || fake.commands().iter().any(|c| c == "device_del");
+        let waited = tokio::time::timeout(Duration::from_secs(5), async {
+            while !unplugging() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "device_del never went out while the plug's write was held: {:?}", fake.commands());
+        assert!(effects.writes().is_empty(), "no write had returned yet");
+        gate.add_permits(10);
+    };
+    let steps = vec![disk("a"), Step::Detach { volume: "gone".into() }];
+    let held = Inventory::default();
+    let (retry, ()) = tokio::join!(run(&m, &held, &effects, None, steps), api);
+    assert_eq!(retry, None);
+    assert_eq!(
+        effects.writes(),
+        [w(&[("a", "AttachedToNode"), ("a", "MountedToPod"), ("a", "Ready"), ("gone", "Detaching")]), w(&[("gone", "removed")])],
+        "in order: the batches queued in a row in one write, the removal after the unplug's Event"
     );
 }
 
