@@ -77,10 +77,6 @@ pub(super) struct Pass<'a, E: Effects> {
     writes: mpsc::UnboundedSender<Queued>,
     /// The writer's end, until [`Pass::run`] takes it.
     written: Option<mpsc::UnboundedReceiver<Queued>>,
-    /// Fired (or dropped) once the attach step is done: the writer starts then.
-    attached: Option<oneshot::Sender<()>>,
-    /// The writer's end of `attached`, until [`Pass::run`] takes it.
-    after_attach: Option<oneshot::Receiver<()>>,
 }
 
 /// What the pass's writer is given, in order.
@@ -94,72 +90,49 @@ enum Queued {
 impl<'a, E: Effects> Pass<'a, E> {
     pub fn new(machine: &'a Machine, inventory: &'a Inventory, effects: &'a E, volumes: &'a mut Volumes, backoff: Backoff) -> Self {
         let (writes, written) = mpsc::unbounded();
-        let (attached, after_attach) = oneshot::channel();
-        let (held, retry, written, attached, after_attach) = (Vec::new(), None, Some(written), Some(attached), Some(after_attach));
-        Pass {
-            machine,
-            inventory,
-            bind: None,
-            effects,
-            volumes,
-            backoff,
-            status: None,
-            held,
-            retry,
-            writes,
-            written,
-            attached,
-            after_attach,
-        }
+        let (held, retry, written) = (Vec::new(), None, Some(written));
+        Pass { machine, inventory, bind: None, effects, volumes, backoff, status: None, held, retry, writes, written }
     }
 
     /// Runs `steps`, its status writes beside them, in order, from the end of the attach step
-    /// on; returns when to retry if
-    /// something waits or a status write failed (within the base backoff: nothing else would
+    /// on; returns when to retry if something waits or a status write failed (within the base backoff: nothing else would
     /// wake the worker to write it again), once the last write has returned.
     pub async fn run(mut self, steps: Vec<Step>) -> Option<Duration> {
         let effects = self.effects;
-        let (written, after_attach) = (self.written.take(), self.after_attach.take());
+        let written = self.written.take();
         let base = self.backoff.base;
-        // One write at a time, in the order they were queued, once the attach step is done; it
-        // ends when the pass (which holds the sender) is done and everything queued is written.
-        // Whether every write went through.
+        // Fired (or dropped) by the steps once the attach step is done.
+        let (attached, after_attach) = oneshot::channel();
+        // One write at a time, in the order they were queued, once the attach step is done; the
+        // batches queued in a row by then go out as one write. It ends when the pass (which
+        // holds the sender) is done and everything queued is written. Whether every write went
+        // through.
         let writer = async move {
-            let Some(mut w) = written else { return true };
-            if let Some(a) = after_attach {
-                // Cancelled only when the pass ended first: write what it queued.
-                let _ = a.await;
-            }
+            let Some(w) = written else { return true };
+            // Cancelled only when the pass ended first: write what it queued.
+            let _ = after_attach.await;
             let mut all = true;
-            let mut next = w.next().await;
-            while let Some(q) = next.take() {
-                match q {
-                    Queued::Write(changes, at) => {
-                        let mut batches = vec![(changes, at)];
-                        // The writes queued right behind it go with it.
-                        loop {
-                            match w.try_recv() {
-                                Ok(Queued::Write(changes, at)) => batches.push((changes, at)),
-                                Ok(events) => {
-                                    next = Some(events);
-                                    break;
-                                }
-                                Err(_) => break,
+            let mut ready = w.ready_chunks(32);
+            while let Some(queued) = ready.next().await {
+                let mut batches = Vec::new();
+                for q in queued {
+                    match q {
+                        Queued::Write(changes, at) => batches.push((changes, at)),
+                        Queued::Events(events) => {
+                            if !batches.is_empty() {
+                                all &= effects.write(std::mem::take(&mut batches)).await;
                             }
+                            futures::future::join_all(events.into_iter().map(|(reason, message)| effects.event(reason, message))).await;
                         }
-                        all &= effects.write(batches).await;
-                    }
-                    Queued::Events(events) => {
-                        futures::future::join_all(events.into_iter().map(|(reason, message)| effects.event(reason, message))).await;
                     }
                 }
-                if next.is_none() {
-                    next = w.next().await;
+                if !batches.is_empty() {
+                    all &= effects.write(batches).await;
                 }
             }
             all
         };
-        let (all_written, retry) = tokio::join!(writer, self.steps(steps));
+        let (all_written, retry) = tokio::join!(writer, self.steps(steps, attached));
         if all_written {
             retry
         } else {
@@ -167,7 +140,7 @@ impl<'a, E: Effects> Pass<'a, E> {
         }
     }
 
-    async fn steps(mut self, steps: Vec<Step>) -> Option<Duration> {
+    async fn steps(mut self, steps: Vec<Step>, attached: oneshot::Sender<()>) -> Option<Duration> {
         let mut by_kind = ByKind::default();
         for step in steps {
             match step {
@@ -184,10 +157,8 @@ impl<'a, E: Effects> Pass<'a, E> {
             }
         }
         self.attach(by_kind.attaches, by_kind.ready).await;
-        if let Some(a) = self.attached.take() {
-            // The writer may be gone only if the pass is: nothing to tell.
-            let _ = a.send(());
-        }
+        // The writer may be gone only if the pass is: nothing to tell.
+        let _ = attached.send(());
         self.detach(by_kind.detaches).await;
         for (drive, node, volume) in by_kind.ejects {
             let span = volume_span(volume.as_deref().unwrap_or(&node));

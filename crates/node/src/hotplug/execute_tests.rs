@@ -136,6 +136,18 @@ async fn run(machine: &Machine, inventory: &Inventory, effects: &Recorded, bind:
     pass.run(steps).await
 }
 
+/// Waits until QEMU was sent `command` (time is the test's: the 5 s deadline passes at once if
+/// nothing else can happen); fails naming what it waited for.
+async fn sent(fake: &Fake, command: &str, when: &str) {
+    let waited = tokio::time::timeout(Duration::from_secs(5), async {
+        while !fake.commands().iter().any(|c| c == command) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{command} never went out {when}: {:?}", fake.commands());
+}
+
 fn w(items: &[(&str, &str)]) -> Vec<(String, String)> {
     items.iter().map(|(v, p)| ((*v).to_owned(), (*p).to_owned())).collect()
 }
@@ -172,14 +184,7 @@ async fn status_writes_wait_until_the_plug_is_done_keep_their_order_and_when_eac
     // QEMU answers `device_add` 50 ms late (time is the test's): nothing is written before it.
     fake.delay("device_add", Duration::from_millis(50));
     let watch = async {
-        let plugged = || fake.commands().iter().any(|c| c == "device_add");
-        let waited = tokio::time::timeout(Duration::from_secs(5), async {
-            while !plugged() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-        .await;
-        assert!(waited.is_ok(), "device_add never went out: {:?}", fake.commands());
+        sent(&fake, "device_add", "while the pass ran").await;
         let sent_at = jiff::Timestamp::now();
         tokio::time::sleep(Duration::from_millis(40)).await;
         assert!(effects.writes().is_empty(), "a write went out beside device_add: {:?}", effects.writes());
@@ -206,14 +211,7 @@ async fn qemu_is_not_kept_waiting_by_a_slow_status_write_once_the_writes_have_be
     // The API holds every write back (the plug's and `Detaching`) until QEMU got the unplug's
     // `device_del` (time is the test's: the deadline passes at once if nothing else can happen).
     let api = async {
-        let unplugging = || fake.commands().iter().any(|c| c == "device_del");
-        let waited = tokio::time::timeout(Duration::from_secs(5), async {
-            while !unplugging() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-        .await;
-        assert!(waited.is_ok(), "device_del never went out while the plug's write was held: {:?}", fake.commands());
+        sent(&fake, "device_del", "while the plug's write was held").await;
         assert!(effects.writes().is_empty(), "no write had returned yet");
         gate.add_permits(10);
     };
