@@ -6,8 +6,9 @@
 //!   the hot-plug bus, with `serial`; [`Machine::plug`]). A step already done (node or device
 //!   present) is skipped, so an attach interrupted by a crash resumes; a failed `device_add`
 //!   removes the node its stage added.
-//! - detach: `device_del` → `DEVICE_DELETED` (deadline) → `blockdev-del`. The fd set was removed
-//!   right after `blockdev-add`, so QEMU closes the image when the node goes.
+//! - detach: `device_del` ([`Machine::unplug_with`]) → `DEVICE_DELETED` (deadline) →
+//!   `blockdev-del` ([`Unplugging::finish`]). The fd set was removed right after `blockdev-add`,
+//!   so QEMU closes the image when the node goes.
 //!
 //! CD-ROM media are in [`crate::media`]; what is attached in [`crate::inventory`]; the names in
 //! [`crate::names`].
@@ -17,12 +18,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tokio::sync::broadcast;
 
 use crate::cmdline::HOTPLUG_BUS;
 use crate::inventory::Inventory;
 use crate::machine::Machine;
 use crate::names::{device_id, node_name};
-use crate::qmp::QmpError;
+use crate::qmp::{Event, QmpError};
 
 /// How long `device_del` may take to be confirmed by `DEVICE_DELETED` (QEMU needs ~51 ms).
 pub const UNPLUG_DEADLINE: Duration = Duration::from_secs(10);
@@ -278,23 +280,82 @@ impl Machine {
     /// [`UNPLUG_DEADLINE`]; the node is then left for the next detach or the leftover sweep).
     #[tracing::instrument(level = "debug", skip_all, fields(volume = %volume))]
     pub async fn detach(&self, volume: &str) -> Result<(), OpError> {
-        let (id, node) = (device_id(volume), node_name(volume));
-        let mut events = self.events();
-        if self.device_exists(&id).await.map_err(step("detach", volume, "qom-list"))? {
-            match self.command("device_del", json!({"id": id})).await {
-                Ok(_) => {}
-                Err(e) if e.class() == Some("DeviceNotFound") => {}
+        // Subscribed before the check: a device deleted in between is still seen going.
+        let events = self.events();
+        let present = self.device_exists(&device_id(volume)).await.map_err(step("detach", volume, "qom-list"))?;
+        self.unplug(volume, present, events).await?.finish().await
+    }
+
+    /// [`Machine::detach`] against `inventory` (from [`Machine::inventory`] in the same pass of
+    /// the connection's one owner): `device_del` goes out without a `qom-list` of its own first,
+    /// one QMP round trip less between the caller's decision and the guest's unplug.
+    ///
+    /// # Errors
+    /// As [`Machine::detach`].
+    pub async fn detach_with(&self, inventory: &Inventory, volume: &str) -> Result<(), OpError> {
+        self.unplug_with(inventory, volume).await?.finish().await
+    }
+
+    /// The first half of [`Machine::detach_with`]: `device_del`, answered (QEMU is telling the
+    /// guest). [`Unplugging::finish`] is the rest. For a caller that unplugs several volumes at
+    /// once, or has work to start as soon as QEMU has taken the unplug.
+    ///
+    /// # Errors
+    /// `Qmp` at `device_del` (a device already gone is no error).
+    #[tracing::instrument(level = "debug", skip_all, fields(volume = %volume))]
+    pub async fn unplug_with(&self, inventory: &Inventory, volume: &str) -> Result<Unplugging<'_>, OpError> {
+        let events = self.events();
+        self.unplug(volume, inventory.has_device(volume), events).await
+    }
+
+    /// `device_del` if the device is `present`; `events` were subscribed before anything that
+    /// decided it.
+    async fn unplug(&self, volume: &str, present: bool, events: broadcast::Receiver<Event>) -> Result<Unplugging<'_>, OpError> {
+        let deleting = if present {
+            match self.command("device_del", json!({"id": device_id(volume)})).await {
+                Ok(_) => Some(events),
+                // Gone already (the guest ejected it, or an earlier unplug finished): nothing
+                // to wait for.
+                Err(e) if e.class() == Some("DeviceNotFound") => None,
                 Err(e) => return Err(step("detach", volume, "device_del")(e)),
             }
-            let want = id.clone();
-            self.wait_event(&mut events, "DEVICE_DELETED", UNPLUG_DEADLINE, move |e| {
+        } else {
+            None
+        };
+        Ok(Unplugging { machine: self, volume: volume.to_owned(), deleting })
+    }
+}
+
+/// An unplug QEMU has taken ([`Machine::unplug_with`]: `device_del` answered, or no device to
+/// delete); [`Unplugging::finish`] completes it.
+#[must_use = "the unplug is complete (device gone, node deleted) only once `finish` has returned"]
+pub struct Unplugging<'a> {
+    machine: &'a Machine,
+    volume: String,
+    /// QEMU's events, subscribed before `device_del` was sent; `None` when none was.
+    deleting: Option<broadcast::Receiver<Event>>,
+}
+
+impl Unplugging<'_> {
+    /// Waits for the device's `DEVICE_DELETED` (within [`UNPLUG_DEADLINE`]), then deletes the
+    /// volume's block node if it is there.
+    ///
+    /// # Errors
+    /// As [`Machine::detach`].
+    #[tracing::instrument(level = "debug", skip_all, fields(volume = %self.volume))]
+    pub async fn finish(self) -> Result<(), OpError> {
+        let (volume, m) = (self.volume.as_str(), self.machine);
+        if let Some(mut events) = self.deleting {
+            let want = device_id(volume);
+            m.wait_event(&mut events, "DEVICE_DELETED", UNPLUG_DEADLINE, move |e| {
                 e.name == "DEVICE_DELETED" && e.data.get("device").and_then(Value::as_str) == Some(want.as_str())
             })
             .await
             .map_err(step("detach", volume, "wait for DEVICE_DELETED"))?;
         }
-        if self.node_exists(&node).await.map_err(step("detach", volume, "query-named-block-nodes"))? {
-            self.remove_node(&node).await.map_err(step("detach", volume, "blockdev-del"))?;
+        let node = node_name(volume);
+        if m.node_exists(&node).await.map_err(step("detach", volume, "query-named-block-nodes"))? {
+            m.remove_node(&node).await.map_err(step("detach", volume, "blockdev-del"))?;
         }
         Ok(())
     }
@@ -439,6 +500,41 @@ mod tests {
         assert_eq!(fake.commands(), ["qom-list", "device_del", "query-named-block-nodes", "blockdev-del"]);
         assert_eq!(calls[1].args, json!({"id": "vp-v"}));
         assert_eq!(calls[3].args, json!({"node-name": "n-v"}));
+    }
+
+    /// What a caller's inventory says when volume `v`'s disk is attached.
+    fn holding_v() -> Inventory {
+        let v = crate::Attached { volume: "v".into(), device_type: "scsi-hd".into(), node: Some("n-v".into()), readonly: false };
+        Inventory { attached: vec![v], nodes: vec!["n-v".into()] }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unplug_whose_device_is_already_gone_waits_for_nothing_and_deletes_the_node() {
+        let (fake, m) = machine();
+        fake.refuse("device_del", "DeviceNotFound", "Device 'vp-v' not found")
+            .reply("query-named-block-nodes", json!([{"node-name": "n-v"}]));
+        let start = tokio::time::Instant::now();
+        m.detach_with(&holding_v(), "v").await.unwrap();
+        assert!(start.elapsed() < UNPLUG_DEADLINE, "it waited {:?} for a DEVICE_DELETED that had come before", start.elapsed());
+        assert_eq!(fake.commands(), ["device_del", "query-named-block-nodes", "blockdev-del"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn detach_with_the_callers_inventory_sends_device_del_without_asking_first() {
+        let (fake, m) = machine();
+        fake.emit_after("device_del", "DEVICE_DELETED", json!({"device": "vp-v", "path": "/machine/peripheral/vp-v"}))
+            .reply("query-named-block-nodes", json!([{"node-name": "n-v"}]));
+        m.detach_with(&holding_v(), "v").await.unwrap();
+        assert_eq!(fake.commands(), ["device_del", "query-named-block-nodes", "blockdev-del"]);
+        assert_eq!(fake.calls()[0].args, json!({"id": "vp-v"}));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn detach_with_an_inventory_without_the_device_only_deletes_a_left_node() {
+        let (fake, m) = machine();
+        fake.reply("query-named-block-nodes", json!([{"node-name": "n-v"}]));
+        m.detach_with(&Inventory { attached: Vec::new(), nodes: vec!["n-v".into()] }, "v").await.unwrap();
+        assert_eq!(fake.commands(), ["query-named-block-nodes", "blockdev-del"]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -34,7 +34,7 @@ pub mod qmp;
 pub use accel::Accel;
 pub use cmdline::LaunchSpec;
 pub use firmware::Firmware;
-pub use hotplug::{Attach, DeviceKind, OpError, Source, Staged, UNPLUG_DEADLINE};
+pub use hotplug::{Attach, DeviceKind, OpError, Source, Staged, Unplugging, UNPLUG_DEADLINE};
 pub use inventory::{Attached, Drive, Inventory};
 pub use machine::Machine;
 pub use names::{device_id, node_name};

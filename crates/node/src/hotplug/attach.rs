@@ -1,7 +1,8 @@
 //! The attach side of a pass: every source opened, then staged (bind-mount mode: first mounted
 //! in QEMU's namespace), then plugged or inserted — each step for all volumes before the next, so
 //! that each phase is one batch of status changes, queued for the pass's writer, which writes
-//! the step's batches together once the attach step is done (QMP never waits for a status write).
+//! the step's batches together once QEMU has answered the pass's plugs and unplugs (QMP never
+//! waits for a status write).
 //!
 //! Attach: claim ready → open the source (`AttachedToNode`) → `add-fd` + `blockdev-add`
 //! ([`qemu::Machine::stage_with`], against the pass's inventory: QEMU holds the block node,

@@ -4,8 +4,9 @@
 //! 1. Attach ([`super::attach`]): open every source → stage (bind-mount mode: mount) → plug or
 //!    insert, with the `Ready` of what QEMU already held and the failures in the pass's last
 //!    attach write.
-//! 2. Unplug: `Detaching` for all in one write, `device_del` … in turn, the `VolumeUnplugged`
-//!    Events, then the entries removed in one write.
+//! 2. Unplug: `Detaching` for all in one write, `device_del` for each in turn (no query first:
+//!    the pass's inventory says the device is there), then QEMU's `DEVICE_DELETED`s awaited
+//!    together, the `VolumeUnplugged` Events, then the entries removed in one write.
 //! 3. Eject each medium no volume wants (`Detaching`, eject, Event, removal).
 //! 4. Delete the block nodes nothing accounts for; a refusal (QEMU still finalising the
 //!    device) retries at the base backoff.
@@ -18,9 +19,12 @@
 //! writes, not QMP, were the cost. The writes and Events go out in the order they were queued,
 //! from the pass's writer, and QMP never waits for them: a status write is two round trips to
 //! the API server and a commit, longer than a QMP step, and it used to hold the `device_add` of
-//! a hot-plug back. The writer starts once the attach step is done (`device_add` answered): on
+//! a hot-plug back. The writer starts once QEMU has answered the pass's plugs and unplugs
+//! (`device_add`, `device_del`; the unplugs' `DEVICE_DELETED` is awaited while it writes): on
 //! this 2-core machine a write beside the QMP steps (its commit, its watch fan-out, the
-//! controller's reconcile of it) slowed them by ~2 ms per plug. Batches queued in a row then go
+//! controller's reconcile of it) slowed them by ~2 ms per plug. So a watcher sees a plugged
+//! volume's phase move once `device_add` is answered, and an unplugged one's `Detaching` once
+//! `device_del` is, while QEMU finishes the unplug. Batches queued in a row then go
 //! out as one write (a plug's `AttachedToNode`, `MountedToPod` and `Ready`: one write, not
 //! three). Each batch's phases are stamped when it was queued (when the pass reached them), not
 //! when it is written; an Event goes out after the writes queued before it (its volume's status
@@ -61,7 +65,8 @@ struct ByKind {
 /// One pass over a VMI's volumes.
 pub(super) struct Pass<'a, E: Effects> {
     pub machine: &'a Machine,
-    /// What QEMU held when the pass began (the plan's input; staging asks nothing again).
+    /// What QEMU held when the pass began (the plan's input; staging and unplugging ask nothing
+    /// again).
     pub inventory: &'a Inventory,
     /// Bind-mount mode's view of the VM.
     pub bind: Option<&'a Vm>,
@@ -94,23 +99,23 @@ impl<'a, E: Effects> Pass<'a, E> {
         Pass { machine, inventory, bind: None, effects, volumes, backoff, status: None, held, retry, writes, written }
     }
 
-    /// Runs `steps`, its status writes beside them, in order, from the end of the attach step
-    /// on; returns when to retry if something waits or a status write failed (within the base backoff: nothing else would
+    /// Runs `steps`, its status writes beside them, in order, from the moment QEMU has answered
+    /// the pass's plugs and unplugs (`device_add`, `device_del`) on; returns when to retry if
+    /// something waits or a status write failed (within the base backoff: nothing else would
     /// wake the worker to write it again), once the last write has returned.
     pub async fn run(mut self, steps: Vec<Step>) -> Option<Duration> {
         let effects = self.effects;
         let written = self.written.take();
         let base = self.backoff.base;
-        // Fired (or dropped) by the steps once the attach step is done.
-        let (attached, after_attach) = oneshot::channel();
-        // One write at a time, in the order they were queued, once the attach step is done; the
-        // batches queued in a row by then go out as one write. It ends when the pass (which
-        // holds the sender) is done and everything queued is written. Whether every write went
-        // through.
+        // Fired (or dropped) by the steps once QEMU has answered the plugs and unplugs.
+        let (changed, after_change) = oneshot::channel();
+        // One write at a time, in the order they were queued, from then on; the batches queued
+        // in a row by then go out as one write. It ends when the pass (which holds the sender)
+        // is done and everything queued is written. Whether every write went through.
         let writer = async move {
             let Some(w) = written else { return true };
             // Cancelled only when the pass ended first: write what it queued.
-            let _ = after_attach.await;
+            let _ = after_change.await;
             let mut all = true;
             let mut ready = w.ready_chunks(32);
             while let Some(queued) = ready.next().await {
@@ -132,7 +137,7 @@ impl<'a, E: Effects> Pass<'a, E> {
             }
             all
         };
-        let (all_written, retry) = tokio::join!(writer, self.steps(steps, attached));
+        let (all_written, retry) = tokio::join!(writer, self.steps(steps, changed));
         if all_written {
             retry
         } else {
@@ -140,7 +145,7 @@ impl<'a, E: Effects> Pass<'a, E> {
         }
     }
 
-    async fn steps(mut self, steps: Vec<Step>, attached: oneshot::Sender<()>) -> Option<Duration> {
+    async fn steps(mut self, steps: Vec<Step>, changed: oneshot::Sender<()>) -> Option<Duration> {
         let mut by_kind = ByKind::default();
         for step in steps {
             match step {
@@ -157,9 +162,7 @@ impl<'a, E: Effects> Pass<'a, E> {
             }
         }
         self.attach(by_kind.attaches, by_kind.ready).await;
-        // The writer may be gone only if the pass is: nothing to tell.
-        let _ = attached.send(());
-        self.detach(by_kind.detaches).await;
+        self.detach(by_kind.detaches, changed).await;
         for (drive, node, volume) in by_kind.ejects {
             let span = volume_span(volume.as_deref().unwrap_or(&node));
             self.eject(drive, &node, volume).instrument(span).await;
@@ -184,8 +187,8 @@ impl<'a, E: Effects> Pass<'a, E> {
     }
 
     /// Queues one batch, reached now, for the pass's writer (nothing for an empty one): it is
-    /// written after everything queued before it (once the attach step is done), while the
-    /// pass goes on.
+    /// written after everything queued before it (once QEMU has answered the pass's plugs and
+    /// unplugs), while the pass goes on.
     pub(super) fn write(&self, changes: Vec<Change>) {
         if !changes.is_empty() {
             self.queue(Queued::Write(changes, jiff::Timestamp::now()));
@@ -205,23 +208,30 @@ impl<'a, E: Effects> Pass<'a, E> {
     }
 
     /// Unplugs the devices of `volumes`: `Detaching` for all in one write, queued before QMP
-    /// unplugs them in turn, then the Events (raised once QEMU confirmed), then the entries
+    /// unplugs them; `device_del` for each in turn, then `changed` fires (the pass's writes may
+    /// go out), then QEMU's confirmations are awaited together; then the Events, then the entries
     /// removed in one write.
-    async fn detach(&mut self, volumes: Vec<String>) {
+    async fn detach(&mut self, volumes: Vec<String>, changed: oneshot::Sender<()>) {
         self.write(volumes.iter().map(|v| Change::detaching(v, "unplugging")).collect());
-        let machine = self.machine;
-        let unplug = async {
-            let mut out = Vec::with_capacity(volumes.len());
-            for volume in &volumes {
-                let span = volume_span(volume);
-                let t = Instant::now();
-                let detached = machine.detach(volume).instrument(span.clone()).await;
-                crate::metrics::observe("unplug", t.elapsed().as_secs_f64());
-                out.push((volume.clone(), span, detached));
-            }
-            out
-        };
-        let unplugged = unplug.await;
+        let (machine, inventory) = (self.machine, self.inventory);
+        let mut begun = Vec::with_capacity(volumes.len());
+        for volume in volumes {
+            let span = volume_span(&volume);
+            let t = Instant::now();
+            let unplugging = machine.unplug_with(inventory, &volume).instrument(span.clone()).await;
+            begun.push((volume, span, t, unplugging));
+        }
+        // The writer may be gone only if the pass is: nothing to tell.
+        let _ = changed.send(());
+        let unplugged = futures::future::join_all(begun.into_iter().map(|(volume, span, t, unplugging)| async move {
+            let detached = match unplugging {
+                Ok(u) => u.finish().instrument(span.clone()).await,
+                Err(e) => Err(e),
+            };
+            crate::metrics::observe("unplug", t.elapsed().as_secs_f64());
+            (volume, span, detached)
+        }))
+        .await;
         let (mut gone, mut changes) = (Vec::new(), Vec::new());
         for (volume, span, detached) in unplugged {
             match detached {

@@ -208,15 +208,16 @@ async fn qemu_is_not_kept_waiting_by_a_slow_status_write_once_the_writes_have_be
     let mut effects = Recorded::new();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     effects.gate = Some(Arc::clone(&gate));
-    // The API holds every write back (the plug's and `Detaching`) until QEMU got the unplug's
-    // `device_del` (time is the test's: the deadline passes at once if nothing else can happen).
+    // The API holds every write back (the plug's and `Detaching`) until QEMU was asked to delete
+    // the unplugged disk's node, after its `DEVICE_DELETED` (time is the test's: the deadline
+    // passes at once if nothing else can happen).
     let api = async {
-        sent(&fake, "device_del", "while the plug's write was held").await;
+        sent(&fake, "blockdev-del", "while the plug's write was held").await;
         assert!(effects.writes().is_empty(), "no write had returned yet");
         gate.add_permits(10);
     };
     let steps = vec![disk("a"), Step::Detach { volume: "gone".into() }];
-    let held = Inventory::default();
+    let held = holding_gone();
     let (retry, ()) = tokio::join!(run(&m, &held, &effects, None, steps), api);
     assert_eq!(retry, None);
     assert_eq!(
@@ -251,11 +252,66 @@ async fn a_volume_whose_claim_is_not_ready_writes_its_wait_with_the_adopted_read
     assert_eq!(effects.writes(), [w(&[("kept", "Ready"), ("late", "Pending")])], "one write for both");
 }
 
-/// QEMU holds volume `gone`'s disk, confirms its unplug and frees its node.
+/// QEMU confirms volume `gone`'s unplug and frees its node.
 fn unplugs_gone(fake: &Fake) {
-    fake.reply("qom-list", json!([{"name": "vp-gone", "type": "child<scsi-hd>"}]))
-        .emit_after("device_del", "DEVICE_DELETED", json!({"device": "vp-gone"}))
+    fake.emit_after("device_del", "DEVICE_DELETED", json!({"device": "vp-gone"}))
         .reply("query-named-block-nodes", json!([{"node-name": "n-gone"}]));
+}
+
+/// What a pass that plans the unplug of `volumes` found: their disks and nodes.
+fn holding(volumes: &[&str]) -> Inventory {
+    let disk =
+        |v: &&str| qemu::Attached { volume: (*v).into(), device_type: "scsi-hd".into(), node: Some(format!("n-{v}")), readonly: false };
+    Inventory { attached: volumes.iter().map(disk).collect(), nodes: volumes.iter().map(|v| format!("n-{v}")).collect() }
+}
+
+fn holding_gone() -> Inventory {
+    holding(&["gone"])
+}
+
+#[tokio::test(start_paused = true)]
+async fn volumes_unplugged_together_are_all_sent_to_qemu_before_any_confirmation_is_awaited() {
+    let (fake, m) = qemu();
+    // QEMU confirms each unplug 50 ms after its `device_del` (time is the test's).
+    for v in ["x", "y"] {
+        fake.delay("device_del", Duration::from_millis(50)).emit_after(
+            "device_del",
+            "DEVICE_DELETED",
+            json!({"device": format!("vp-{v}")}),
+        );
+    }
+    let nodes = json!([{"node-name": "n-x"}, {"node-name": "n-y"}]);
+    fake.reply("query-named-block-nodes", nodes.clone()).reply("query-named-block-nodes", nodes);
+    let effects = Recorded::new();
+    let steps = vec![Step::Detach { volume: "x".into() }, Step::Detach { volume: "y".into() }];
+    assert_eq!(run(&m, &holding(&["x", "y"]), &effects, None, steps).await, None);
+    let commands = fake.commands();
+    assert_eq!(commands[..2], ["device_del", "device_del"], "both unplugs went to QEMU first: {commands:?}");
+    assert_eq!(commands.iter().filter(|c| *c == "blockdev-del").count(), 2, "{commands:?}");
+    assert_eq!(effects.writes(), [w(&[("x", "Detaching"), ("y", "Detaching")]), w(&[("x", "removed"), ("y", "removed")])]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn status_writes_wait_until_qemu_has_taken_the_unplug_too() {
+    let (fake, m) = qemu();
+    unplugs_gone(&fake);
+    // QEMU answers `device_del` 50 ms late: the plug's write and `Detaching` wait for it.
+    fake.delay("device_del", Duration::from_millis(50));
+    let effects = Recorded::new();
+    let watch = async {
+        sent(&fake, "device_del", "after the plug").await;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(effects.writes().is_empty(), "a write went out beside device_del: {:?}", effects.writes());
+    };
+    let steps = vec![disk("a"), Step::Detach { volume: "gone".into() }];
+    let held = holding_gone();
+    let (retry, ()) = tokio::join!(run(&m, &held, &effects, None, steps), watch);
+    assert_eq!(retry, None);
+    assert_eq!(
+        effects.writes(),
+        [w(&[("a", "AttachedToNode"), ("a", "MountedToPod"), ("a", "Ready"), ("gone", "Detaching")]), w(&[("gone", "removed")])],
+        "then as one write, the removal after the unplug's Event"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -263,8 +319,12 @@ async fn an_unplug_writes_detaching_raises_its_event_then_drops_the_entry() {
     let (fake, m) = qemu();
     unplugs_gone(&fake);
     let effects = Recorded::new();
-    assert_eq!(run(&m, &Inventory::default(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await, None);
-    assert_eq!(fake.commands(), ["qom-list", "device_del", "query-named-block-nodes", "blockdev-del"]);
+    assert_eq!(run(&m, &holding_gone(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await, None);
+    assert_eq!(
+        fake.commands(),
+        ["device_del", "query-named-block-nodes", "blockdev-del"],
+        "the pass's inventory says the disk is there: no query before device_del"
+    );
     assert_eq!(
         effects.did(),
         [
@@ -286,7 +346,7 @@ async fn a_failed_status_write_brings_the_next_pass_within_the_base_backoff() {
     unplugs_gone(&fake);
     let effects = Recorded { refuse: Some(1), ..Recorded::new() };
     assert_eq!(
-        run(&m, &Inventory::default(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await,
+        run(&m, &holding_gone(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await,
         Some(BACKOFF.base),
         "the refused removal asks for another pass"
     );
@@ -299,9 +359,9 @@ async fn a_failed_status_write_brings_the_next_pass_within_the_base_backoff() {
 #[tokio::test(start_paused = true)]
 async fn an_unplug_without_device_deleted_stays_detaching_with_the_error_and_retries_at_the_base() {
     let (fake, m) = qemu();
-    fake.reply("qom-list", json!([{"name": "vp-gone", "type": "child<scsi-hd>"}]));
     let effects = Recorded::new();
-    assert_eq!(run(&m, &Inventory::default(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await, Some(BACKOFF.base));
+    assert_eq!(run(&m, &holding_gone(), &effects, None, vec![Step::Detach { volume: "gone".into() }]).await, Some(BACKOFF.base));
+    assert_eq!(fake.commands(), ["device_del"], "no blockdev-del while QEMU may still hold the node");
     let did = effects.did();
     assert_eq!(did.len(), 2, "no Event, no removal: {did:?}");
     let Did::Wrote(last) = &did[1] else { panic!("{did:?}") };
@@ -362,16 +422,12 @@ async fn in_bind_mount_mode_qemu_opens_the_target_and_a_failed_attach_releases_i
 #[tokio::test(start_paused = true)]
 async fn every_line_logged_about_a_volume_names_it() {
     let (fake, m) = qemu();
-    fake.reply("qom-list", json!([{"name": "vp-gone", "type": "child<scsi-hd>"}])).emit_after(
-        "device_del",
-        "DEVICE_DELETED",
-        json!({"device": "vp-gone"}),
-    );
+    fake.emit_after("device_del", "DEVICE_DELETED", json!({"device": "vp-gone"}));
     let log = Log::default();
     let subscriber = tracing_subscriber::fmt().with_writer(log.clone()).with_ansi(false).with_max_level(tracing::Level::INFO).finish();
     let _guard = tracing::subscriber::set_default(subscriber);
     let effects = Recorded::new();
-    run(&m, &Inventory::default(), &effects, None, vec![disk("a"), Step::Detach { volume: "gone".into() }]).await;
+    run(&m, &holding_gone(), &effects, None, vec![disk("a"), Step::Detach { volume: "gone".into() }]).await;
     let text = log.text();
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines.iter().any(|l| l.contains("attached")) && lines.iter().any(|l| l.contains("detached")), "{text}");
