@@ -338,20 +338,26 @@ async fn fleet(args: &Args, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One fleet VM's part of a plug (or unplug): its volumes attached (detached) in turn, then its
-/// guest's reports awaited until `t + --converge-deadline`. Seconds since `t` to the last QMP
-/// call and to the last report.
+/// One fleet VM's part of a plug (or unplug): its volumes attached in turn (or detached as the
+/// node agent detaches a pass's volumes: every `device_del` against one inventory, then QEMU's
+/// confirmations awaited together), then its guest's reports awaited until `t +
+/// --converge-deadline`. Seconds since `t` to the last QMP call and to the last report.
 async fn fleet_vm(args: &Args, dir: &Path, i: usize, vm: &mut Vm, plug: bool, t: Instant) -> anyhow::Result<(f64, f64)> {
-    for j in 0..args.fleet_volumes {
-        let volume = format!("f{j}");
-        if plug {
+    if plug {
+        for j in 0..args.fleet_volumes {
+            let volume = format!("f{j}");
             let fd = std::fs::OpenOptions::new().read(true).write(true).open(dir.join(format!("vm{i}-{j}.img")))?;
             let a =
                 Attach { volume: volume.clone(), serial: volume, kind: DeviceKind::Disk, readonly: false, source: Source::Fd(fd.into()) };
             vm.machine.attach(a).await?;
-        } else {
-            vm.machine.detach(&volume).await?;
         }
+    } else {
+        let held = vm.machine.inventory().await?;
+        let mut unplugging = Vec::with_capacity(args.fleet_volumes);
+        for j in 0..args.fleet_volumes {
+            unplugging.push(vm.machine.unplug_with(&held, &format!("f{j}")).await?);
+        }
+        futures::future::try_join_all(unplugging.into_iter().map(qemu::Unplugging::finish)).await?;
     }
     let qmp_done = t.elapsed().as_secs_f64();
     let deadline = Duration::from_secs(args.converge_deadline);
