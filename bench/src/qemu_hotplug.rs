@@ -5,7 +5,8 @@
 //! - QMP round trip (`query-status`);
 //! - attach (add-fd, blockdev-add, remove-fd, device_add) → guest `SEEN` (detection, no fork in
 //!   the guest before it) and → `BLOCK+` (after the guest read size, first bytes and serial);
-//! - detach started → guest `BLOCK-` line, and → detach complete (DEVICE_DELETED, blockdev-del).
+//! - detach started (`device_del` against an inventory asked before) → guest `BLOCK-` line, and
+//!   → detach complete (DEVICE_DELETED, blockdev-del).
 //!
 //! Every wait has a deadline: a boot (`--boot-deadline`; a guest that misses it is reported with
 //! the last 30 lines of its console and booted once more in a fresh QEMU, a second miss fails
@@ -237,8 +238,10 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         plug.push(line.at.duration_since(t).as_secs_f64() * 1000.0);
         let dev = line.text.split_whitespace().nth(1).unwrap_or("sda").to_owned();
 
+        // As the node agent unplugs: against the inventory it planned from (asked before the clock).
+        let held = vm.machine.inventory().await?;
         let t = Instant::now();
-        let detach = vm.machine.detach(&volume);
+        let detach = vm.machine.detach_with(&held, &volume);
         let see = vm.console.next_matching(SEE, |l| l.starts_with(&format!("BLOCK- {dev} ")));
         let (d, seen) = tokio::join!(detach, see);
         d?;

@@ -280,7 +280,8 @@ impl Machine {
     /// [`UNPLUG_DEADLINE`]; the node is then left for the next detach or the leftover sweep).
     #[tracing::instrument(level = "debug", skip_all, fields(volume = %volume))]
     pub async fn detach(&self, volume: &str) -> Result<(), OpError> {
-        // Subscribed before the check: a device deleted in between is still seen going.
+        // Subscribed before `device_del` goes out: its `DEVICE_DELETED` may follow its answer at
+        // once.
         let events = self.events();
         let present = self.device_exists(&device_id(volume)).await.map_err(step("detach", volume, "qom-list"))?;
         self.unplug(volume, present, events).await?.finish().await

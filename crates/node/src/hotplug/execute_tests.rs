@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use api::phases::{VolumePhase, VolumeReason};
 use qemu::qmp::fake::Fake;
-use qemu::{DeviceKind, Inventory, Machine};
+use qemu::{DeviceKind, Inventory, Machine, UNPLUG_DEADLINE};
 use serde_json::json;
 
 use super::effects::Effects;
@@ -272,13 +272,10 @@ fn holding_gone() -> Inventory {
 #[tokio::test(start_paused = true)]
 async fn volumes_unplugged_together_are_all_sent_to_qemu_before_any_confirmation_is_awaited() {
     let (fake, m) = qemu();
-    // QEMU confirms each unplug 50 ms after its `device_del` (time is the test's).
+    // QEMU confirms each unplug right after answering its `device_del`: one at a time, the
+    // second `device_del` would wait for the first's confirmation and node deletion.
     for v in ["x", "y"] {
-        fake.delay("device_del", Duration::from_millis(50)).emit_after(
-            "device_del",
-            "DEVICE_DELETED",
-            json!({"device": format!("vp-{v}")}),
-        );
+        fake.emit_after("device_del", "DEVICE_DELETED", json!({"device": format!("vp-{v}")}));
     }
     let nodes = json!([{"node-name": "n-x"}, {"node-name": "n-y"}]);
     fake.reply("query-named-block-nodes", nodes.clone()).reply("query-named-block-nodes", nodes);
@@ -289,6 +286,29 @@ async fn volumes_unplugged_together_are_all_sent_to_qemu_before_any_confirmation
     assert_eq!(commands[..2], ["device_del", "device_del"], "both unplugs went to QEMU first: {commands:?}");
     assert_eq!(commands.iter().filter(|c| *c == "blockdev-del").count(), 2, "{commands:?}");
     assert_eq!(effects.writes(), [w(&[("x", "Detaching"), ("y", "Detaching")]), w(&[("x", "removed"), ("y", "removed")])]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn detaching_is_written_while_qemu_has_yet_to_confirm_the_unplug() {
+    let (fake, m) = qemu();
+    // QEMU answers `device_del` and never confirms it (time is the test's).
+    let effects = Recorded::new();
+    let watch = async {
+        sent(&fake, "device_del", "for the unplug").await;
+        let waited = tokio::time::timeout(Duration::from_secs(1), async {
+            while effects.writes().is_empty() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "no write within 1 s of device_del, the unplug's deadline is {UNPLUG_DEADLINE:?}");
+        assert_eq!(effects.writes(), [w(&[("gone", "Detaching")])]);
+        assert_eq!(fake.commands(), ["device_del"], "written before the unplug finished");
+    };
+    let steps = vec![Step::Detach { volume: "gone".into() }];
+    let held = holding_gone();
+    let (retry, ()) = tokio::join!(run(&m, &held, &effects, None, steps), watch);
+    assert_eq!(retry, Some(BACKOFF.base), "unconfirmed at the deadline: retried");
 }
 
 #[tokio::test(start_paused = true)]
