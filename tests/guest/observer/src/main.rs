@@ -48,8 +48,8 @@ impl Host for Guest {
         std::fs::read(format!("/sys/block/{dev}/{attr}")).ok()
     }
 
-    fn head(&self, dev: &str) -> Vec<u8> {
-        std::fs::File::open(format!("/dev/{dev}")).map(|f| read16(&f)).unwrap_or_default()
+    fn head(&self, dev: &str) -> Option<Vec<u8>> {
+        std::fs::File::open(format!("/dev/{dev}")).ok().map(|f| read16(&f))
     }
 
     fn medium(&self, dev: &str) -> Option<(u64, Vec<u8>)> {

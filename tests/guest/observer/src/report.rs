@@ -23,8 +23,11 @@ pub trait Host {
     fn attr(&self, dev: &str, attr: &str) -> Option<String>;
     /// `/sys/block/<dev>/<attr>` as bytes (for `device/vpd_pg80`).
     fn attr_bytes(&self, dev: &str, attr: &str) -> Option<Vec<u8>>;
-    /// The first 16 bytes of `/dev/<dev>` (fewer if it is shorter; empty if unreadable).
-    fn head(&self, dev: &str) -> Vec<u8>;
+    /// The first 16 bytes of `/dev/<dev>` (fewer if it is shorter; empty if a read fails);
+    /// `None` while the node cannot be opened: the kernel lists a disk in sysfs, with its size,
+    /// before `/dev/<dev>` exists and the disk is live, and another disk's uevent can send the
+    /// observer scanning in between.
+    fn head(&self, dev: &str) -> Option<Vec<u8>>;
     /// A CD-ROM drive's medium: `None` when the drive has none (its open fails), else its size
     /// in sectors, read while it is open (the open is what revalidates it), and its first bytes.
     fn medium(&self, dev: &str) -> Option<(u64, Vec<u8>)>;
@@ -95,10 +98,13 @@ impl Report {
             if self.disks.contains_key(&dev) {
                 continue;
             }
-            // SEEN before anything is read: the moment of detection.
+            // The moment of detection, taken before the disk is read.
             let t = host.uptime();
+            // Not openable yet: half-way through the kernel's add_disk. Its own `add` uevent,
+            // sent once it is, brings the observer back here.
+            let Some(head) = host.head(&dev) else { continue };
             lines.push(format!("SEEN {dev} {size} t={t}"));
-            lines.push(format!("BLOCK+ {dev} {size} {} id={} t={t}", hex(&host.head(&dev)), ident(host, &dev)));
+            lines.push(format!("BLOCK+ {dev} {size} {} id={} t={t}", hex(&head), ident(host, &dev)));
             self.disks.insert(dev, seq);
         }
         lines
@@ -150,6 +156,7 @@ mod tests {
     #[derive(Default)]
     struct Table {
         attrs: BTreeMap<(String, String), Vec<u8>>,
+        /// A disk without an entry here has no openable `/dev` node yet.
         heads: BTreeMap<String, Vec<u8>>,
         media: BTreeMap<String, (u64, Vec<u8>)>,
         polled: RefCell<Vec<String>>,
@@ -188,8 +195,8 @@ mod tests {
         fn attr_bytes(&self, dev: &str, attr: &str) -> Option<Vec<u8>> {
             self.attrs.get(&(dev.to_owned(), attr.to_owned())).cloned()
         }
-        fn head(&self, dev: &str) -> Vec<u8> {
-            self.heads.get(dev).cloned().unwrap_or_default()
+        fn head(&self, dev: &str) -> Option<Vec<u8>> {
+            self.heads.get(dev).cloned()
         }
         fn medium(&self, dev: &str) -> Option<(u64, Vec<u8>)> {
             self.media.get(dev).cloned()
@@ -214,6 +221,21 @@ mod tests {
     }
 
     #[test]
+    fn a_disk_in_sysfs_whose_node_cannot_be_opened_yet_is_reported_once_it_can() {
+        let mut t = Table::default();
+        let mut r = Report::default();
+        t.disk("sda", "5", "8192", Some("vol-a"), b"AB");
+        t.disk("sdb", "6", "65536", Some("data"), b"CD");
+        // sda's uevent arrives while sdb is listed with its size but /dev/sdb is not live yet.
+        t.heads.remove("sdb");
+        assert_eq!(r.disks(&t), ["SEEN sda 8192 t=1.00", "BLOCK+ sda 8192 4142 id=serial.vol-a t=1.00"]);
+        // sdb's own uevent: now it reads, and is reported with its first bytes, once.
+        t.heads.insert("sdb".into(), b"CD".to_vec());
+        assert_eq!(r.disks(&t), ["SEEN sdb 65536 t=1.00", "BLOCK+ sdb 65536 4344 id=serial.data t=1.00"]);
+        assert!(r.disks(&t).is_empty());
+    }
+
+    #[test]
     fn a_disk_without_serial_is_named_by_wwid_or_none() {
         let mut t = Table::default();
         t.disk("sdb", "1", "16", None, b"");
@@ -221,6 +243,7 @@ mod tests {
         assert_eq!(r.disks(&t)[1], "BLOCK+ sdb 16  id=none t=1.00");
         t.attrs.insert(("sdc".into(), "size".into()), b"16".to_vec());
         t.attrs.insert(("sdc".into(), "device/wwid".into()), b"naa.6001\n".to_vec());
+        t.heads.insert("sdc".into(), Vec::new());
         assert_eq!(r.disks(&t)[1], "BLOCK+ sdc 16  id=naa.6001 t=1.00");
     }
 
