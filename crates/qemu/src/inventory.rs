@@ -6,6 +6,7 @@
 
 use serde_json::{json, Value};
 
+use crate::hotplug::DeviceKind;
 use crate::machine::Machine;
 use crate::names::node_name;
 use crate::qmp::QmpError;
@@ -51,6 +52,32 @@ impl Inventory {
     #[must_use]
     pub fn has_node(&self, node: &str) -> bool {
         self.nodes.iter().any(|n| n == node)
+    }
+
+    /// What [`Machine::inventory`] answers once `volume` is plugged ([`Machine::plug`]
+    /// succeeded) as a `kind` device, read-only or not: its device on its node.
+    pub fn plugged(&mut self, volume: &str, kind: DeviceKind, readonly: bool) {
+        let node = node_name(volume);
+        if !self.has_node(&node) {
+            self.nodes.push(node.clone());
+            self.nodes.sort();
+        }
+        let device_type = match kind {
+            DeviceKind::Disk => "scsi-hd",
+            DeviceKind::Lun => "scsi-block",
+        };
+        self.attached.retain(|a| a.volume != volume);
+        self.attached.push(Attached { volume: volume.to_owned(), device_type: device_type.to_owned(), node: Some(node), readonly });
+        self.attached.sort_by(|a, b| a.volume.cmp(&b.volume));
+    }
+
+    /// What [`Machine::inventory`] answers once `volume` is unplugged
+    /// ([`Unplugging::finish`](crate::Unplugging::finish) succeeded): neither its device nor
+    /// its node.
+    pub fn unplugged(&mut self, volume: &str) {
+        let node = node_name(volume);
+        self.attached.retain(|a| a.volume != volume);
+        self.nodes.retain(|n| *n != node);
     }
 }
 

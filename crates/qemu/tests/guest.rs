@@ -299,6 +299,27 @@ async fn a_new_client_sees_what_was_attached() {
     assert_eq!(vm.machine.attached().await.unwrap(), after);
 }
 
+/// A caller that keeps the inventory itself (the node agent, between passes) derives it from
+/// its successful plugs and unplugs; what it derives is what QEMU answers, field for field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inventory_derived_from_plugs_and_unplugs_is_what_qemu_answers() {
+    let vm = TestVm::boot().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = image(dir.path(), "a.img", b"VP-DERIVED-DSK-A", 4 << 20);
+    let b = image(dir.path(), "b.img", b"VP-DERIVED-DSK-B", 4 << 20);
+    let mut derived = vm.machine.inventory().await.unwrap();
+    vm.machine.attach(disk("der-a", open(&a, true))).await.unwrap();
+    derived.plugged("der-a", DeviceKind::Disk, false);
+    vm.machine.attach(Attach { readonly: true, ..disk("der-b", open(&b, false)) }).await.unwrap();
+    derived.plugged("der-b", DeviceKind::Disk, true);
+    assert_eq!(vm.machine.inventory().await.unwrap(), derived, "after two plugs");
+    assert_eq!(derived.attached.len(), 2, "{derived:?}");
+    vm.machine.detach("der-a").await.unwrap();
+    derived.unplugged("der-a");
+    assert_eq!(vm.machine.inventory().await.unwrap(), derived, "after an unplug");
+    assert!(!derived.has_device("der-a") && !derived.has_node(&node_name("der-a")) && derived.has_device("der-b"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_typed_and_qemu_keeps_running() {
     let vm = TestVm::boot().await;

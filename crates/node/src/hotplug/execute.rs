@@ -75,13 +75,22 @@ pub(super) struct Pass<'a, E: Effects> {
     pub backoff: Backoff,
     /// The VMI's status when the pass began (what a failure's report compares with).
     pub status: Option<&'a VirtualMachineInstanceStatus>,
-    /// Bind-mount mode: the volumes QEMU holds at the end of the pass (their targets stay).
+    /// The volumes QEMU holds at the end of the pass (bind-mount mode: their targets stay).
     held: Vec<String>,
     retry: Option<Duration>,
     /// The status writes, in order, to the pass's writer ([`Pass::run`]).
     writes: mpsc::UnboundedSender<Queued>,
     /// The writer's end, until [`Pass::run`] takes it.
     written: Option<mpsc::UnboundedReceiver<Queued>>,
+}
+
+/// How a pass ended.
+pub(super) struct Ran {
+    /// When to run again, if something waits or a status write failed.
+    pub retry: Option<Duration>,
+    /// The volumes QEMU holds: those it held already, those attached, those whose unplug
+    /// failed.
+    pub held: Vec<String>,
 }
 
 /// What the pass's writer is given, in order.
@@ -100,10 +109,11 @@ impl<'a, E: Effects> Pass<'a, E> {
     }
 
     /// Runs `steps`, its status writes beside them, in order, from the moment QEMU has answered
-    /// the pass's plugs and unplugs (`device_add`, `device_del`) on; returns when to retry if
-    /// something waits or a status write failed (within the base backoff: nothing else would
-    /// wake the worker to write it again), once the last write has returned.
-    pub async fn run(mut self, steps: Vec<Step>) -> Option<Duration> {
+    /// the pass's plugs and unplugs (`device_add`, `device_del`) on; returns, once the last
+    /// write has returned, when to retry if something waits or a status write failed (within the
+    /// base backoff: nothing else would wake the worker to write it again), and the volumes QEMU
+    /// holds.
+    pub async fn run(mut self, steps: Vec<Step>) -> Ran {
         let effects = self.effects;
         let written = self.written.take();
         let base = self.backoff.base;
@@ -137,15 +147,12 @@ impl<'a, E: Effects> Pass<'a, E> {
             }
             all
         };
-        let (all_written, retry) = tokio::join!(writer, self.steps(steps, changed));
-        if all_written {
-            retry
-        } else {
-            Some(retry.map_or(base, |r| r.min(base)))
-        }
+        let (all_written, (retry, held)) = tokio::join!(writer, self.steps(steps, changed));
+        let retry = if all_written { retry } else { Some(retry.map_or(base, |r| r.min(base))) };
+        Ran { retry, held }
     }
 
-    async fn steps(mut self, steps: Vec<Step>, changed: oneshot::Sender<()>) -> Option<Duration> {
+    async fn steps(mut self, steps: Vec<Step>, changed: oneshot::Sender<()>) -> (Option<Duration>, Vec<String>) {
         let mut by_kind = ByKind::default();
         for step in steps {
             match step {
@@ -172,7 +179,7 @@ impl<'a, E: Effects> Pass<'a, E> {
         }
         self.release().await;
         self.drop_entries(by_kind.dropped).await;
-        self.retry
+        (self.retry, self.held)
     }
 
     /// QEMU holds `volume`: it waits no more, and (bind-mount mode) its target stays.

@@ -133,7 +133,7 @@ async fn run(machine: &Machine, inventory: &Inventory, effects: &Recorded, bind:
     let mut volumes = Volumes::default();
     let mut pass = Pass::new(machine, inventory, effects, &mut volumes, BACKOFF);
     pass.bind = bind;
-    pass.run(steps).await
+    pass.run(steps).await.retry
 }
 
 /// Waits until `done` holds (time is the test's: the 5 s deadline passes at once if nothing else

@@ -3,7 +3,8 @@
 //!
 //! # One pass
 //! 1. Ask QEMU what it holds, once: its [`qemu::Inventory`] (devices, this agent's block nodes)
-//!    and its CD-ROM drives.
+//!    and its CD-ROM drives — or take what the last pass left, while that is known exactly
+//!    ([`Known`]).
 //! 2. [`plan::plan`] turns what the spec wants, what QEMU holds and what `volumeStatus` says into
 //!    [`plan::Step`]s — pure, and unit-tested rule by rule.
 //! 3. The executor (`execute`, `attach`) runs them against QEMU; what they change in
@@ -23,6 +24,7 @@
 mod attach;
 mod effects;
 mod execute;
+mod known;
 pub mod plan;
 pub mod status;
 mod waiting;
@@ -32,6 +34,7 @@ use std::time::Duration;
 use api::VirtualMachineInstance;
 use qemu::Machine;
 
+pub use known::Known;
 pub use waiting::Volumes;
 
 use crate::bindmount::Vm;
@@ -42,25 +45,25 @@ pub async fn reconcile(
     shared: &Shared,
     vmi: &VirtualMachineInstance,
     machine: &Machine,
+    known: &mut Known,
     bind: Option<&Vm>,
     volumes: &mut Volumes,
 ) -> Option<Duration> {
-    // The three queries go out together (QMP answers in order): one round trip before the plan.
-    let (inventory, drives) = tokio::join!(machine.inventory(), machine.drives());
-    let inventory = match inventory {
-        Ok(i) => i,
+    let snapshot = match known.current(machine).await {
+        Ok(s) => s,
         Err(e) => {
             tracing::warn!("cannot ask QEMU what is attached: {e}");
             return Some(shared.config.backoff.cap);
         }
     };
-    let drives = drives.unwrap_or_default();
-    let steps = plan::plan(&plan::wanted(&vmi.spec), &inventory, &drives, vmi.status.as_ref());
+    let steps = plan::plan(&plan::wanted(&vmi.spec), &snapshot.inventory, &snapshot.drives, vmi.status.as_ref());
     let effects = effects::ApiEffects { shared, vmi };
-    let mut pass = execute::Pass::new(machine, &inventory, &effects, volumes, shared.config.backoff);
+    let mut pass = execute::Pass::new(machine, &snapshot.inventory, &effects, volumes, shared.config.backoff);
     pass.bind = bind;
     pass.status = vmi.status.as_ref();
-    pass.run(steps).await
+    let ran = pass.run(steps.clone()).await;
+    known.after(snapshot, &steps, &ran.held);
+    ran.retry
 }
 
 #[cfg(test)]

@@ -33,6 +33,8 @@ pub(super) struct Live {
     pub resets: tokio::sync::watch::Receiver<u64>,
     pub exited: tokio::task::JoinHandle<()>,
     events: tokio::task::JoinHandle<()>,
+    /// What the last hot-plug pass left in this QEMU, while it is known.
+    pub known: crate::hotplug::Known,
 }
 
 impl Drop for Live {
@@ -106,7 +108,8 @@ async fn connect(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, proces
     let flag = Arc::new(Mutex::new(false));
     let (resets_tx, resets) = tokio::sync::watch::channel(0u64);
     let events = read_events(Arc::clone(shared), Arc::clone(vmi), &machine, Arc::clone(&flag), resets_tx);
-    Ok(Live { exited: watch_exit(process.pid), process, machine, guest_shutdown: flag, resets, events })
+    let known = crate::hotplug::Known::default();
+    Ok(Live { exited: watch_exit(process.pid), process, machine, guest_shutdown: flag, resets, events, known })
 }
 
 /// Takes over the QEMU of `run_dir` left by an earlier agent, if one runs: `None` when none does.

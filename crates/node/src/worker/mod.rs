@@ -353,10 +353,10 @@ impl Worker {
     async fn pass(&mut self, vmi: &VirtualMachineInstance) -> Option<Duration> {
         let running = vmi.is_running();
         let needed = self.force || vmi.metadata.generation != self.done_generation;
-        let retry = match &self.live {
+        let retry = match &mut self.live {
             Some(l) if running && needed => {
                 let bind = self.shared.bind_vm(&self.uid, l.process.pid, &self.run_dir);
-                let r = crate::hotplug::reconcile(&self.shared, vmi, &l.machine, bind.as_ref(), &mut self.volumes).await;
+                let r = crate::hotplug::reconcile(&self.shared, vmi, &l.machine, &mut l.known, bind.as_ref(), &mut self.volumes).await;
                 self.done_generation = vmi.metadata.generation;
                 self.force = false;
                 if self.paused_for_media && !pause::wanted(vmi) {
