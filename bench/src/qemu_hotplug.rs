@@ -3,8 +3,9 @@
 //!
 //! - VM start → `VP-READY` (exec of QEMU to the guest's ready line);
 //! - QMP round trip (`query-status`);
-//! - attach (add-fd, blockdev-add, remove-fd, device_add) → guest `SEEN` (detection, no fork in
-//!   the guest before it) and → `BLOCK+` (after the guest read size, first bytes and serial);
+//! - attach (add-fd, blockdev-add, remove-fd, device_add against an inventory asked before) →
+//!   guest `SEEN` (detection, no fork in the guest before it) and → `BLOCK+` (after the guest
+//!   read size, first bytes and serial);
 //! - detach started (`device_del` against an inventory asked before) → guest `BLOCK-` line, and
 //!   → detach complete (DEVICE_DELETED, blockdev-del).
 //!
@@ -221,16 +222,18 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     for i in 0..args.runs {
         let volume = format!("bench-{i}");
         let fd = std::fs::OpenOptions::new().read(true).write(true).open(&img)?;
+        // As the node agent plugs: against what it knows QEMU holds (asked before the clock).
+        let held = vm.machine.inventory().await?;
         let t = Instant::now();
-        vm.machine
-            .attach(Attach {
-                volume: volume.clone(),
-                serial: volume.clone(),
-                kind: DeviceKind::Disk,
-                readonly: false,
-                source: Source::Fd(fd.into()),
-            })
-            .await?;
+        let a = Attach {
+            volume: volume.clone(),
+            serial: volume.clone(),
+            kind: DeviceKind::Disk,
+            readonly: false,
+            source: Source::Fd(fd.into()),
+        };
+        let staged = vm.machine.stage_with(&held, a).await?;
+        vm.machine.plug(staged).await?;
         let seen = vm.expect(SEE, &format!("SEEN for {volume}"), |l| l.starts_with("SEEN ")).await?;
         detect.push(seen.at.duration_since(t).as_secs_f64() * 1000.0);
         let want = format!("id=serial.{volume}");
@@ -347,12 +350,15 @@ async fn fleet(args: &Args, dir: &Path) -> anyhow::Result<()> {
 /// --converge-deadline`. Seconds since `t` to the last QMP call and to the last report.
 async fn fleet_vm(args: &Args, dir: &Path, i: usize, vm: &mut Vm, plug: bool, t: Instant) -> anyhow::Result<(f64, f64)> {
     if plug {
+        // One inventory for the VM's volumes, as one pass of the agent's has at most.
+        let held = vm.machine.inventory().await?;
         for j in 0..args.fleet_volumes {
             let volume = format!("f{j}");
             let fd = std::fs::OpenOptions::new().read(true).write(true).open(dir.join(format!("vm{i}-{j}.img")))?;
             let a =
                 Attach { volume: volume.clone(), serial: volume, kind: DeviceKind::Disk, readonly: false, source: Source::Fd(fd.into()) };
-            vm.machine.attach(a).await?;
+            let staged = vm.machine.stage_with(&held, a).await?;
+            vm.machine.plug(staged).await?;
         }
     } else {
         let held = vm.machine.inventory().await?;
