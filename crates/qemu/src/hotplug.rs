@@ -217,8 +217,9 @@ impl Machine {
         self.staged(&inventory, a, block).await
     }
 
-    /// [`Machine::stage`] against `inventory` (from [`Machine::inventory`] in the same pass of
-    /// the connection's one owner): no query of its own.
+    /// [`Machine::stage`] against `inventory` (what the connection's one owner knows QEMU
+    /// holds: from [`Machine::inventory`], or derived since with [`Inventory::plugged`] and
+    /// [`Inventory::unplugged`]): no query of its own.
     ///
     /// # Errors
     /// As [`Machine::attach`].
@@ -287,8 +288,8 @@ impl Machine {
         self.unplug(volume, present, events).await?.finish().await
     }
 
-    /// [`Machine::detach`] against `inventory` (from [`Machine::inventory`] in the same pass of
-    /// the connection's one owner): `device_del` goes out without a `qom-list` of its own first,
+    /// [`Machine::detach`] against `inventory` (what the connection's one owner knows QEMU
+    /// holds, as for [`Machine::stage_with`]): `device_del` goes out without a `qom-list` of its own first,
     /// one QMP round trip less between the caller's decision and the guest's unplug.
     ///
     /// # Errors

@@ -374,6 +374,24 @@ async fn a_failed_status_write_brings_the_next_pass_within_the_base_backoff() {
     assert_eq!(effects.writes(), [w(&[("gone", "Detaching")]), w(&[("gone", "removed")])]);
 }
 
+/// A pass ends knowing which volumes QEMU holds (what the next pass plans from): those it held
+/// and kept, those it attached, those it could not unplug; not a refused plug, not one unplugged.
+#[tokio::test(start_paused = true)]
+async fn a_pass_ends_knowing_which_volumes_qemu_holds() {
+    let (fake, m) = qemu();
+    fake.reply("device_add", json!({})).refuse("device_add", "GenericError", "Duplicate ID 'vp-b' for device");
+    unplugs_gone(&fake);
+    let effects = Recorded::new();
+    let mut volumes = Volumes::default();
+    let inventory = holding(&["kept", "gone", "stuck"]);
+    let pass = Pass::new(&m, &inventory, &effects, &mut volumes, BACKOFF);
+    let detach = |v: &str| Step::Detach { volume: v.into() };
+    let steps = vec![Step::Keep { volume: "kept".into() }, disk("a"), disk("b"), detach("gone"), detach("stuck")];
+    let mut held = pass.run(steps).await.held;
+    held.sort();
+    assert_eq!(held, ["a", "kept", "stuck"], "QEMU answered: {:?}", fake.commands());
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unplug_without_device_deleted_stays_detaching_with_the_error_and_retries_at_the_base() {
     let (fake, m) = qemu();

@@ -3,26 +3,37 @@
 //!
 //! A pass began with three queries (`qom-list`, `query-named-block-nodes`, `query-block`: one
 //! round trip, about 1 ms of QEMU's main loop on this machine) between the spec change and a
-//! plug's `add-fd`, and the same before an unplug's `device_del`. The QMP connection has one
-//! owner, this worker, and QEMU's hot-plug state moves only by its commands or with an event, so
-//! a pass's outcome says what QEMU holds after it, as long as
-//! - every step's outcome in QEMU is known: each device attach ended held, each unplug finished
-//!   (`DEVICE_DELETED`, node deleted), and the pass did nothing else to QEMU (a medium inserted
-//!   or ejected, a leftover node deleted: those are not derived here), and
+//! plug's `add-fd`, and the same before an unplug's `device_del`. Only this worker changes
+//! QEMU's devices, nodes and drives (its connection has one owner; the launcher's own monitor
+//! only powers the guest down, which QEMU announces), and what else moves them comes with an
+//! event, so a pass's outcome says what QEMU holds after it, as long as
+//! - every step's outcome in QEMU is known: each device attach ended held on a node of its own
+//!   making (a node left by an interrupted attach is reused as it is, read-only or not), each
+//!   unplug finished (`DEVICE_DELETED`, node deleted), and the pass did nothing else to QEMU (a
+//!   medium inserted or ejected, a leftover node deleted: those are not derived here), and
 //! - QEMU sent no event since its inventory was asked but the `DEVICE_DELETED`s of the pass's own
 //!   unplugs: a guest's tray, a reset, the late confirmation of an unplug that timed out, a lost
 //!   connection all drop what is kept.
 //!
-//! Anything else drops it, and the next pass asks QEMU as every pass did before. Were it ever
-//! wrong, QEMU refuses what contradicts it (a duplicate node or device id, a missing drive), the
-//! pass fails, and the retry asks QEMU.
+//! Anything else drops it, and the next pass asks QEMU as every pass did before; so does a pass
+//! more than [`KEPT_FOR`] after the state was last asked. (A kept inventory that missed a change
+//! would be caught only in part: QEMU refuses a plug it contradicts (a duplicate node or device
+//! id) and the retry asks, but a device it lists that QEMU lost would read as held until then.)
+
+use std::time::Duration;
 
 use qemu::qmp::Event;
-use qemu::{device_id, Drive, Inventory, Machine, QmpError};
+use qemu::{device_id, node_name, Drive, Inventory, Machine, QmpError};
 use serde_json::Value;
 use tokio::sync::broadcast::{self, error::TryRecvError};
+use tokio::time::Instant;
 
 use super::plan::{Attach, Step, Target};
+
+/// How long after QEMU was last asked its state is planned from without asking again: passes in
+/// quick succession (a burst of edits, a plug and its unplug) skip the queries; one a person
+/// starts later asks, and a state this module failed to foresee lives no longer than this.
+pub const KEPT_FOR: Duration = Duration::from_secs(10);
 
 /// What the last pass left in QEMU, while it is known (see the module).
 #[derive(Default)]
@@ -36,6 +47,8 @@ pub(super) struct Snapshot {
     complete: bool,
     /// QEMU's events since the inventory was asked.
     events: broadcast::Receiver<Event>,
+    /// When QEMU was asked.
+    asked: Instant,
 }
 
 impl Known {
@@ -46,15 +59,15 @@ impl Known {
     /// QEMU's error for its inventory.
     pub(super) async fn current(&mut self, machine: &Machine) -> Result<Snapshot, QmpError> {
         if let Some(mut s) = self.0.take() {
-            if quiet(&mut s.events, &[]) {
+            if quiet(&mut s.events, &[]) && s.asked.elapsed() < KEPT_FOR {
                 return Ok(s);
             }
         }
         // Subscribed before asking: an event after the answer is not missed.
-        let events = machine.events();
+        let (events, asked) = (machine.events(), Instant::now());
         // The three queries go out together (QMP answers in order): one round trip.
         let (inventory, drives) = tokio::join!(machine.inventory(), machine.drives());
-        Ok(Snapshot { inventory: inventory?, complete: drives.is_ok(), drives: drives.unwrap_or_default(), events })
+        Ok(Snapshot { inventory: inventory?, complete: drives.is_ok(), drives: drives.unwrap_or_default(), events, asked })
     }
 
     /// Keeps what QEMU holds after a pass that ran `steps` from `s` and ended with QEMU holding
@@ -71,7 +84,10 @@ fn derive(s: &mut Snapshot, steps: &[Step], held: &[String]) -> bool {
     for step in steps {
         match step {
             Step::Keep { .. } | Step::RecordReady { .. } | Step::DropEntry { .. } => {}
-            Step::Attach(Attach { volume, readonly, target: Target::Device { kind, .. }, .. }) if holds(volume) => {
+            // On a node of its own: a leftover reused keeps its own read-only flag.
+            Step::Attach(Attach { volume, readonly, target: Target::Device { kind, .. }, .. })
+                if holds(volume) && !s.inventory.has_node(&node_name(volume)) =>
+            {
                 s.inventory.plugged(volume, *kind, *readonly);
             }
             Step::Detach { volume } if !holds(volume) => {
@@ -114,11 +130,16 @@ mod tests {
     /// A QEMU holding `volumes` as disks on their nodes, and a drive `cd0` with no medium.
     fn qemu(volumes: &[&str]) -> (Arc<Fake>, Machine) {
         let fake = Arc::new(Fake::new());
+        answer(&fake, volumes);
+        (Arc::clone(&fake), Machine::new(fake))
+    }
+
+    /// Queues one answer to the three queries: `volumes` as disks on their nodes, a drive `cd0`.
+    fn answer(fake: &Fake, volumes: &[&str]) {
         let devices: Vec<_> = volumes.iter().map(|v| json!({"name": device_id(v), "type": "child<scsi-hd>"})).collect();
         let nodes: Vec<_> = volumes.iter().map(|v| json!({"node-name": qemu::node_name(v), "ro": false})).collect();
         fake.reply("qom-list", json!(devices)).reply("query-named-block-nodes", json!(nodes));
         fake.reply("query-block", json!([{"qdev": "/machine/peripheral/cd0", "removable": true, "tray_open": false}]));
-        (Arc::clone(&fake), Machine::new(fake))
     }
 
     fn disk(volume: &str) -> Step {
@@ -191,9 +212,11 @@ mod tests {
             if when == "after" {
                 fake.emit(name, data);
             }
+            // What QEMU answers now: `b`'s plug undone behind the worker's back, say.
+            answer(&fake, &["a"]);
             let (asked, s) = next(&mut known, &fake, &m).await;
             assert_eq!(asked, ASKED, "{name} {when} the pass");
-            assert!(!s.inventory.has_device("b"), "planned from QEMU's answer");
+            assert!(s.inventory.has_device("a") && !s.inventory.has_device("b"), "planned from QEMU's answer: {:?}", s.inventory);
         }
     }
 
@@ -232,5 +255,46 @@ mod tests {
         assert!(s.drives.is_empty());
         known.after(s, &[disk("b")], &held(&["b"]));
         assert_eq!(next(&mut known, &fake, &m).await.0, ASKED);
+    }
+
+    #[tokio::test]
+    async fn a_receiver_that_fell_behind_drops_it_even_if_every_missed_event_was_expected() {
+        let (fake, m) = qemu(&["a"]);
+        let mut known = Known::default();
+        let (_, s) = next(&mut known, &fake, &m).await;
+        // More events than the channel keeps, each the pass's own unplug's.
+        for _ in 0..5000 {
+            fake.emit("DEVICE_DELETED", json!({"device": device_id("a")}));
+        }
+        known.after(s, &[Step::Detach { volume: "a".into() }], &held(&[]));
+        assert_eq!(next(&mut known, &fake, &m).await.0, ASKED);
+    }
+
+    /// A node an interrupted attach left is reused by the next attach as it is (its read-only
+    /// flag its own, not the spec's): what QEMU then lists is not derived.
+    #[tokio::test]
+    async fn an_attach_onto_a_leftover_node_is_not_kept() {
+        let fake = Arc::new(Fake::new());
+        fake.reply("query-named-block-nodes", json!([{"node-name": qemu::node_name("b"), "ro": true}]));
+        let m = Machine::new(Arc::clone(&fake));
+        let mut known = Known::default();
+        let (_, s) = next(&mut known, &fake, &m).await;
+        assert!(s.inventory.has_node(&qemu::node_name("b")) && !s.inventory.has_device("b"));
+        known.after(s, &[disk("b")], &held(&["b"]));
+        assert_eq!(next(&mut known, &fake, &m).await.0, ASKED);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_long_after_qemu_was_last_asked_asks_again() {
+        let (fake, m) = qemu(&["a"]);
+        let mut known = Known::default();
+        let (_, s) = next(&mut known, &fake, &m).await;
+        known.after(s, &[disk("b")], &held(&["b"]));
+        tokio::time::advance(KEPT_FOR / 2).await;
+        let (asked, s) = next(&mut known, &fake, &m).await;
+        assert!(asked.is_empty(), "soon after: {asked:?}");
+        known.after(s, &[Step::Keep { volume: "b".into() }], &held(&["b"]));
+        tokio::time::advance(KEPT_FOR / 2).await;
+        assert_eq!(next(&mut known, &fake, &m).await.0, ASKED, "{KEPT_FOR:?} after QEMU was asked, however many passes kept it");
     }
 }

@@ -1,5 +1,6 @@
 //! What one pass does: pure, from what the spec wants, what QEMU holds (its [`Inventory`] and
-//! drives, asked once at the start of the pass) and what `volumeStatus` says. The executor
+//! drives, as the pass began: asked then, or what the last pass left, [`super::Known`]) and what
+//! `volumeStatus` says. The executor
 //! ([`super::execute`]) runs the steps; what a step's outcome writes is decided there and in
 //! [`super::waiting`].
 //!
