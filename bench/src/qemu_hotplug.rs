@@ -349,9 +349,9 @@ async fn fleet(args: &Args, dir: &Path) -> anyhow::Result<()> {
 /// confirmations awaited together), then its guest's reports awaited until `t +
 /// --converge-deadline`. Seconds since `t` to the last QMP call and to the last report.
 async fn fleet_vm(args: &Args, dir: &Path, i: usize, vm: &mut Vm, plug: bool, t: Instant) -> anyhow::Result<(f64, f64)> {
+    // One inventory for the VM's volumes, as one pass of the agent's has at most.
+    let held = vm.machine.inventory().await?;
     if plug {
-        // One inventory for the VM's volumes, as one pass of the agent's has at most.
-        let held = vm.machine.inventory().await?;
         for j in 0..args.fleet_volumes {
             let volume = format!("f{j}");
             let fd = std::fs::OpenOptions::new().read(true).write(true).open(dir.join(format!("vm{i}-{j}.img")))?;
@@ -361,7 +361,6 @@ async fn fleet_vm(args: &Args, dir: &Path, i: usize, vm: &mut Vm, plug: bool, t:
             vm.machine.plug(staged).await?;
         }
     } else {
-        let held = vm.machine.inventory().await?;
         let mut unplugging = Vec::with_capacity(args.fleet_volumes);
         for j in 0..args.fleet_volumes {
             unplugging.push(vm.machine.unplug_with(&held, &format!("f{j}")).await?);

@@ -38,6 +38,17 @@ pub enum DeviceKind {
     Lun,
 }
 
+impl DeviceKind {
+    /// QEMU's driver: what `device_add` is given and `qom-list` reports as the device's type.
+    #[must_use]
+    pub fn driver(self) -> &'static str {
+        match self {
+            DeviceKind::Disk => "scsi-hd",
+            DeviceKind::Lun => "scsi-block",
+        }
+    }
+}
+
 /// Where a volume's bytes come from.
 #[derive(Debug)]
 pub enum Source {
@@ -254,11 +265,7 @@ impl Machine {
             return Ok(());
         }
         let (id, node) = (device_id(&s.volume), node_name(&s.volume));
-        let driver = match s.kind {
-            DeviceKind::Disk => "scsi-hd",
-            DeviceKind::Lun => "scsi-block",
-        };
-        let mut dev = json!({"driver": driver, "id": id, "bus": HOTPLUG_BUS, "drive": node});
+        let mut dev = json!({"driver": s.kind.driver(), "id": id, "bus": HOTPLUG_BUS, "drive": node});
         // scsi-block passes the device's own identity through: it has no `serial` property.
         if s.kind == DeviceKind::Disk {
             dev["serial"] = json!(s.serial);
@@ -289,8 +296,8 @@ impl Machine {
     }
 
     /// [`Machine::detach`] against `inventory` (what the connection's one owner knows QEMU
-    /// holds, as for [`Machine::stage_with`]): `device_del` goes out without a `qom-list` of its own first,
-    /// one QMP round trip less between the caller's decision and the guest's unplug.
+    /// holds, as for [`Machine::stage_with`]): `device_del` goes out without a `qom-list` of its
+    /// own first, one QMP round trip less between the caller's decision and the guest's unplug.
     ///
     /// # Errors
     /// As [`Machine::detach`].

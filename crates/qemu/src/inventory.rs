@@ -62,12 +62,9 @@ impl Inventory {
             self.nodes.push(node.clone());
             self.nodes.sort();
         }
-        let device_type = match kind {
-            DeviceKind::Disk => "scsi-hd",
-            DeviceKind::Lun => "scsi-block",
-        };
         self.attached.retain(|a| a.volume != volume);
-        self.attached.push(Attached { volume: volume.to_owned(), device_type: device_type.to_owned(), node: Some(node), readonly });
+        let device_type = kind.driver().to_owned();
+        self.attached.push(Attached { volume: volume.to_owned(), device_type, node: Some(node), readonly });
         self.attached.sort_by(|a, b| a.volume.cmp(&b.volume));
     }
 

@@ -88,8 +88,8 @@ pub(super) struct Pass<'a, E: Effects> {
 pub(super) struct Ran {
     /// When to run again, if something waits or a status write failed.
     pub retry: Option<Duration>,
-    /// The volumes QEMU holds: those it held already, those attached, those whose unplug
-    /// failed.
+    /// The volumes QEMU holds: those it held already, those attached, those whose unplug or
+    /// eject failed.
     pub held: Vec<String>,
 }
 

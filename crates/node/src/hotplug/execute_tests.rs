@@ -118,7 +118,8 @@ fn qemu() -> (Arc<Fake>, Machine) {
     (Arc::clone(&fake), Machine::new(Arc::clone(&fake)))
 }
 
-fn disk(volume: &str) -> Step {
+/// The attach of disk `volume` from claim `volume` (also the kept inventory's tests' step).
+pub(super) fn disk(volume: &str) -> Step {
     Step::Attach(Attach {
         volume: volume.into(),
         claim: Claim { name: volume.into(), data_volume: false },

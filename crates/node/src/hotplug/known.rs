@@ -124,6 +124,7 @@ mod tests {
 
     use super::*;
     use crate::claims::Claim;
+    use crate::hotplug::execute_tests::disk;
 
     const ASKED: [&str; 3] = ["query-named-block-nodes", "qom-list", "query-block"];
 
@@ -140,16 +141,6 @@ mod tests {
         let nodes: Vec<_> = volumes.iter().map(|v| json!({"node-name": qemu::node_name(v), "ro": false})).collect();
         fake.reply("qom-list", json!(devices)).reply("query-named-block-nodes", json!(nodes));
         fake.reply("query-block", json!([{"qdev": "/machine/peripheral/cd0", "removable": true, "tray_open": false}]));
-    }
-
-    fn disk(volume: &str) -> Step {
-        Step::Attach(Attach {
-            volume: volume.into(),
-            claim: Claim { name: volume.into(), data_volume: false },
-            readonly: false,
-            target: Target::Device { kind: DeviceKind::Disk, serial: volume.into() },
-            attach_pod: None,
-        })
     }
 
     fn held(volumes: &[&str]) -> Vec<String> {

@@ -1,8 +1,7 @@
 //! What one pass does: pure, from what the spec wants, what QEMU holds (its [`Inventory`] and
 //! drives, as the pass began: asked then, or what the last pass left, [`super::Known`]) and what
-//! `volumeStatus` says. The executor
-//! ([`super::execute`]) runs the steps; what a step's outcome writes is decided there and in
-//! [`super::waiting`].
+//! `volumeStatus` says. The executor ([`super::execute`]) runs the steps; what a step's outcome
+//! writes is decided there and in [`super::waiting`].
 //!
 //! # Rules
 //! - A wanted volume QEMU holds (its device; a medium: in its drive) is kept; its entry is made

@@ -108,7 +108,7 @@ async fn connect(shared: &Arc<Shared>, vmi: &Arc<VirtualMachineInstance>, proces
     let flag = Arc::new(Mutex::new(false));
     let (resets_tx, resets) = tokio::sync::watch::channel(0u64);
     let events = read_events(Arc::clone(shared), Arc::clone(vmi), &machine, Arc::clone(&flag), resets_tx);
-    let known = crate::hotplug::Known::default();
+    let known = Default::default();
     Ok(Live { exited: watch_exit(process.pid), process, machine, guest_shutdown: flag, resets, events, known })
 }
 
