@@ -91,8 +91,13 @@ pub fn depth(v: &Value, cap: usize) -> usize {
     deepest
 }
 
-/// The path (`spec.a.b[0]...`) to the first container nested deeper than `max`, if any.
+/// The path (`spec.a.b[0]...`) to the first container nested deeper than `max`, if any. The
+/// depth is measured first without paths: every write is checked, and building a path string
+/// for each of an object's nodes cost ~3 % of the API server's CPU per update of a VMI.
 fn too_deep_at(v: &Value, max: usize) -> Option<String> {
+    if depth(v, max) <= max {
+        return None;
+    }
     let mut stack: Vec<(&Value, usize, String)> = vec![(v, 0, String::new())];
     while let Some((v, above, path)) = stack.pop() {
         let level = match v {
