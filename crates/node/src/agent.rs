@@ -37,6 +37,7 @@ use api::{DataVolume, VirtualMachineInstance};
 use client::MetaKey;
 
 pub use crate::config::{Config, Shared};
+use crate::seen::Seen;
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -156,7 +157,7 @@ async fn start(client: kube::Client, config: Config) -> Result<Arc<Shared>, Agen
         }
     };
     tracing::info!("node {}: QEMU accelerator {:?} ({})", config.node_name, choice.accel, choice.reason);
-    Ok(Arc::new(Shared { client, config, accel: choice.accel, storage_changed: watch::Sender::new(0), host }))
+    Ok(Arc::new(Shared { client, config, accel: choice.accel, storage_changed: watch::Sender::new(0), host, seen: Seen::default() }))
 }
 
 /// The blocking part of [`start`].
@@ -173,14 +174,28 @@ fn prepare(config: &Config, host: &dyn crate::bindmount::Privileged) -> Result<q
     Ok(qemu::accel::resolve(config.accel))
 }
 
-/// Wakes every worker on any change of a claim or DataVolume.
+/// Keeps [`Shared::seen`] and wakes every worker on any change of a claim or DataVolume (after
+/// `seen` has it).
 fn watch_storage(shared: Arc<Shared>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let seen = Arc::clone(&shared);
         let pvcs = watcher(Api::<PersistentVolumeClaim>::all(shared.client.clone()), watcher::Config::default())
             .default_backoff()
-            .map(|_| ())
+            .map(move |ev| {
+                if let Ok(ev) = ev {
+                    seen.seen.claim_event(&ev);
+                }
+            })
             .boxed();
-        let dvs = watcher(Api::<DataVolume>::all(shared.client.clone()), watcher::Config::default()).default_backoff().map(|_| ()).boxed();
+        let seen = Arc::clone(&shared);
+        let dvs = watcher(Api::<DataVolume>::all(shared.client.clone()), watcher::Config::default())
+            .default_backoff()
+            .map(move |ev| {
+                if let Ok(ev) = ev {
+                    seen.seen.data_volume_event(&ev);
+                }
+            })
+            .boxed();
         let mut both = futures::stream::select(pvcs, dvs);
         while both.next().await.is_some() {
             shared.storage_changed.send_modify(|n| *n = n.wrapping_add(1));

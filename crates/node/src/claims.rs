@@ -3,6 +3,9 @@
 //! cluster mode — the volume inside the pod that has it: a hot-plugged claim in its attachment
 //! pod ([`open`]), a boot claim in the VMI's launcher pod ([`open_in_launcher`]). Names from
 //! the API are checked before they touch a path ([`source::check_name`], [`source::check_uid`]).
+//!
+//! A claim the storage watch last showed ready ([`crate::seen`]) is used as it showed it: no GET
+//! on the hot-plug's path. Any other claim is read from the API, which also says why it waits.
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +18,7 @@ use api::phases::{ClaimPhase, DataVolumePhase};
 use api::DataVolume;
 
 use crate::config::Shared;
+use crate::seen::ReadyClaim;
 use crate::source::{self, SourceError};
 
 /// The claim a volume names ([`Volume::claim_name`]), and whether it is a DataVolume's (which
@@ -47,8 +51,12 @@ fn loop_device_of(backing: &Path) -> Option<PathBuf> {
 }
 
 /// The claim `claim` in `ns`, if it is ready to be used: bound and, for a DataVolume, imported.
-async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<PersistentVolumeClaim, SourceError> {
+/// As the storage watch last showed it when it showed it ready, otherwise as the API has it.
+async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) -> Result<ReadyClaim, SourceError> {
     source::check_name("claim name", claim)?;
+    if let Some(ready) = shared.seen.ready(ns, claim, data_volume) {
+        return Ok(ready);
+    }
     let api_err = |e: kube::Error| SourceError::NotReady(format!("cannot read claim {claim}: {e}"));
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(shared.client.clone(), ns);
     // A DataVolume's two reads go out together (one round trip on the hot-plug's path, not
@@ -78,17 +86,13 @@ async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) 
     if !ClaimPhase::is_bound(&pvc) {
         return Err(SourceError::NotReady(format!("claim {claim} is not bound yet")));
     }
-    Ok(pvc)
+    let uid = pvc.uid().ok_or_else(|| SourceError::NotReady(format!("claim {claim} has no UID")))?;
+    Ok(ReadyClaim { uid, block: pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block") })
 }
 
-fn claim_dir(shared: &Shared, pvc: &PersistentVolumeClaim) -> Result<PathBuf, SourceError> {
-    let uid = pvc.uid().ok_or_else(|| SourceError::NotReady("claim has no UID".into()))?;
-    source::check_uid("claim UID", &uid)?;
-    Ok(shared.config.storage_root.join(uid))
-}
-
-fn is_block(pvc: &PersistentVolumeClaim) -> bool {
-    pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
+fn claim_dir(shared: &Shared, pvc: &ReadyClaim) -> Result<PathBuf, SourceError> {
+    source::check_uid("claim UID", &pvc.uid)?;
+    Ok(shared.config.storage_root.join(&pvc.uid))
 }
 
 /// The host path of a claim (for volumes present from boot, which a QEMU the agent starts
@@ -99,7 +103,7 @@ fn is_block(pvc: &PersistentVolumeClaim) -> bool {
 pub async fn claim_path(shared: &Shared, ns: &str, claim: &Claim) -> Result<PathBuf, SourceError> {
     let pvc = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
     let dir = claim_dir(shared, &pvc)?;
-    if !is_block(&pvc) {
+    if !pvc.block {
         return Ok(dir.join("disk.img"));
     }
     let missing = || SourceError::NotReady(format!("claim {} has no loop device yet", claim.name));
@@ -125,7 +129,7 @@ pub(crate) async fn open_in_launcher(
 ) -> Result<source::Opened, SourceError> {
     source::check_name("volume name", volume)?;
     let pvc = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
-    let block = is_block(&pvc);
+    let block = pvc.block;
     let path = if block { api::launcher_disks::device_path(volume) } else { api::launcher_disks::image_path(volume) };
     tokio::task::spawn_blocking(move || source::open_in_pod(launcher_pid, &path, readonly, block))
         .await
@@ -155,12 +159,10 @@ pub(crate) async fn open(
     }
     if let Some(pod) = attach_pod {
         let pods_dir = shared.config.kubelet_pods_dir.clone();
-        let block = is_block(&pvc);
-        let path = if block {
-            PathBuf::from("/path").join(volume).join(pvc.uid().unwrap_or_default())
-        } else {
-            PathBuf::from("/").join(volume).join("disk.img")
-        };
+        let block = pvc.block;
+        source::check_uid("claim UID", &pvc.uid)?;
+        let path =
+            if block { PathBuf::from("/path").join(volume).join(&pvc.uid) } else { PathBuf::from("/").join(volume).join("disk.img") };
         return tokio::task::spawn_blocking(move || {
             let pid = source::attachment_pod_pid(&pods_dir, &pod)?;
             source::open_in_pod(pid, &path, readonly, block)
@@ -170,7 +172,7 @@ pub(crate) async fn open(
     }
     let dir = claim_dir(shared, &pvc)?;
     tokio::task::spawn_blocking(move || {
-        if is_block(&pvc) {
+        if pvc.block {
             let backing = dir.join("block.img");
             source::open_block(loop_device_of(&backing), &backing, readonly)
         } else {

@@ -1,6 +1,6 @@
 //! The node agent's settings ([`Config`]) and what its workers share ([`Shared`]): the API
-//! client, the settings, the accelerator chosen at start, the storage wake-up and the
-//! privileged effects of bind-mount mode. Below every module that runs a VMI (agent, worker,
+//! client, the settings, the accelerator chosen at start, the storage wake-up, the ready claims
+//! the storage watch has seen and the privileged effects of bind-mount mode. Below every module that runs a VMI (agent, worker,
 //! hot-plug, claims), so none of them imports another to reach these.
 
 use std::path::PathBuf;
@@ -101,6 +101,8 @@ pub struct Shared {
     pub storage_changed: watch::Sender<u64>,
     /// Privileged effects of bind-mount mode.
     pub host: Arc<dyn crate::bindmount::Privileged>,
+    /// The ready claims the storage watch has seen (a hot-plug opens them without a GET).
+    pub seen: crate::seen::Seen,
 }
 
 impl Shared {

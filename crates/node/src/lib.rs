@@ -37,6 +37,7 @@ pub mod hotplug;
 pub mod metrics;
 pub mod mountinfo;
 pub mod reasons;
+pub mod seen;
 pub mod source;
 pub mod spans;
 pub mod supervise;

@@ -11,7 +11,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use axum::extract::Request;
+use axum::middleware::{self, Next};
 
 use common::TestServer;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -33,6 +37,8 @@ struct Env {
     pvcs: Api<PersistentVolumeClaim>,
     ctl: tokio::task::JoinHandle<()>,
     agent: Option<tokio::task::JoinHandle<()>>,
+    /// Every request the agent sent but its watches: `METHOD path`.
+    agent_requests: Arc<Mutex<Vec<String>>>,
     /// Bind-mount mode: the test's own devices cgroup directory (removed when dropped).
     cgroup: Option<PathBuf>,
 }
@@ -100,6 +106,7 @@ impl Env {
             dir,
             ctl,
             agent: None,
+            agent_requests: Arc::default(),
             cgroup,
         };
         e.start_agent();
@@ -133,7 +140,17 @@ impl Env {
             config.mount_helper = PathBuf::from(env!("CARGO_BIN_EXE_virtplug"));
             config.devices_cgroup = cg.clone();
         }
-        let client = client::in_process(self.s.server.local_router());
+        let log = Arc::clone(&self.agent_requests);
+        let counted = self.s.server.local_router().layer(middleware::from_fn(move |req: Request, next: Next| {
+            let log = Arc::clone(&log);
+            async move {
+                if !req.uri().query().is_some_and(|q| q.contains("watch=true")) {
+                    log.lock().unwrap().push(format!("{} {}", req.method(), req.uri().path()));
+                }
+                next.run(req).await
+            }
+        }));
+        let client = client::in_process(counted);
         self.agent = Some(tokio::spawn(async move {
             common::fakenode::kubelet(&client, "node-t").await;
             node::agent::run(client, config).await.unwrap();
@@ -288,6 +305,7 @@ async fn filesystem_and_block_claims_plug_into_a_running_guest_and_unplug() {
     };
 
     let vmi = e.vm("guest").await;
+    e.agent_requests.lock().unwrap().clear();
     e.add("guest", "fsdata", "fsdata").await;
     if block {
         e.add("guest", "blkdata", "blkdata").await;
@@ -321,6 +339,10 @@ async fn filesystem_and_block_claims_plug_into_a_running_guest_and_unplug() {
     if block {
         e.volume_status("guest", "blkdata", VolumePhase::Ready).await;
     }
+    // The claims were bound before the VM started: the agent's storage watch had them, and the
+    // hot-plugs read neither claim from the API.
+    let reads: Vec<String> = e.agent_requests.lock().unwrap().iter().filter(|r| r.contains("/persistentvolumeclaims")).cloned().collect();
+    assert!(reads.is_empty(), "the agent read claims on the hot-plug's path: {reads:?}");
 
     // Removed from the spec: the guest loses them, the entries go with a VolumeUnplugged Event.
     let names: Vec<String> = e.vms.get("guest").await.unwrap().spec.template.spec.unwrap().volumes.iter().map(|v| v.name.clone()).collect();
