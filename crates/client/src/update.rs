@@ -220,11 +220,14 @@ async fn run_from<K: Object>(api: &Api<K>, seen: &K, part: Part, mut mutate: imp
 }
 
 /// Whether `mutate` changes a copy of `seen` (an encoding error counts as a change: the real
-/// update then reports it).
+/// update then reports it). Compared as JSON bytes, not `Value` trees: a controller runs this on
+/// every event of the objects it reports on, and building two trees was ~5 % of `up`'s CPU while
+/// a VM's volumes were plugged and unplugged. A map whose order differs between the two copies
+/// reads as a change; that only costs the GET after which [`update`] finds nothing to write.
 fn changed_copy<K: Clone + Serialize>(seen: &K, mutate: &mut impl FnMut(&mut K)) -> Result<bool, serde_json::Error> {
     let mut copy = seen.clone();
     mutate(&mut copy);
-    Ok(serde_json::to_value(seen)? != serde_json::to_value(&copy)?)
+    Ok(serde_json::to_vec(seen)? != serde_json::to_vec(&copy)?)
 }
 
 /// Read-modify-write with a mutation that may refuse (its error is returned, nothing written).
@@ -507,6 +510,31 @@ mod tests {
             .map(Transient::transient)
             .collect();
         assert_eq!(got, [true, true, true, true, true, false, false, false, false, false]);
+    }
+
+    #[test]
+    fn a_mutation_that_sets_what_is_there_changes_nothing_and_any_other_does() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let seen: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c", "resourceVersion": "7",
+            "labels": {"b": "2", "a": "1"}}, "data": {"k": "v", "j": "w"}}))
+        .unwrap();
+        let same = changed_copy(&seen, &mut |c: &mut ConfigMap| {
+            c.data.get_or_insert_with(Default::default).insert("k".into(), "v".into());
+        });
+        assert!(!same.unwrap(), "the same value written again");
+        let removed_and_back = changed_copy(&seen, &mut |c: &mut ConfigMap| {
+            let labels = c.metadata.labels.get_or_insert_with(Default::default);
+            let a = labels.remove("a").unwrap();
+            labels.insert("a".into(), a);
+        });
+        assert!(!removed_and_back.unwrap(), "a sorted map reads the same after a remove and insert");
+        let changed = changed_copy(&seen, &mut |c: &mut ConfigMap| {
+            c.data.get_or_insert_with(Default::default).insert("k".into(), "x".into());
+        });
+        assert!(changed.unwrap(), "a new value");
+        let status: serde_json::Value = json!({"status": {"phase": "Running", "volumeStatus": [{"name": "v"}]}});
+        assert!(!changed_copy(&status, &mut |s: &mut serde_json::Value| s["status"]["phase"] = json!("Running")).unwrap());
+        assert!(changed_copy(&status, &mut |s: &mut serde_json::Value| s["status"]["volumeStatus"] = json!([])).unwrap());
     }
 
     #[test]
