@@ -18,6 +18,7 @@ import argparse
 import base64
 import http.client
 import json
+import selectors
 import shutil
 import ssl
 import statistics
@@ -53,14 +54,25 @@ class Server:
         self.dir = tempfile.mkdtemp(prefix="patch-ab-")
         self.proc = subprocess.Popen([binary, "apiserver", "--data-dir", self.dir, "--listen", "127.0.0.1:0"],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            self._connect(binary)
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self, binary):
         end = time.monotonic() + START_DEADLINE
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
         while True:
+            left = end - time.monotonic()
+            if left <= 0 or not sel.select(timeout=left):
+                raise SystemExit(f"{binary} apiserver did not say it serves within {START_DEADLINE:.0f} s")
             line = self.proc.stdout.readline()
             if "serving" in line:
                 break
-            if not line or time.monotonic() > end:
-                self.close()
-                raise SystemExit(f"{binary} apiserver did not say it serves within {START_DEADLINE:.0f} s")
+            if not line:
+                raise SystemExit(f"{binary} apiserver exited before it said it serves")
         kc = open(f"{self.dir}/kubeconfig").read()
         field = lambda key: next(l.split(":", 1)[1].strip() for l in kc.splitlines() if l.strip().startswith(key + ":"))
         host, port = field("server").split("//", 1)[1].rsplit(":", 1)
@@ -82,7 +94,7 @@ class Server:
 
     def close(self):
         self.proc.kill()
-        self.proc.wait()
+        self.proc.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -120,26 +132,27 @@ def main():
     p.add_argument("--blocks", type=int, default=10)
     p.add_argument("--rounds", type=int, default=200)
     args = p.parse_args()
+    # Keyed by role, not path: a build may be compared with itself.
+    builds = {"A": args.a, "B": args.b}
     servers = {}
     try:
-        servers[args.a] = Server(args.a)
-        servers[args.b] = Server(args.b)
-        results = {args.a: [], args.b: []}
+        for role, binary in builds.items():
+            servers[role] = Server(binary)
+        results = {"A": [], "B": []}
         for k in range(args.blocks):
-            order = (args.a, args.b) if k % 2 == 0 else (args.b, args.a)
-            for name in order:
-                results[name].append(block(servers[name], args.rounds))
+            for role in ("A", "B") if k % 2 == 0 else ("B", "A"):
+                results[role].append(block(servers[role], args.rounds))
     finally:
         for s in servers.values():
             s.close()
     print(f"| build | {' | '.join(f'{p} patch (ms)' for p in PATCHES)} |")
     print("|---|" + "---:|" * len(PATCHES))
-    for name in (args.a, args.b):
-        cols = list(zip(*results[name]))
-        print(f"| {name} | {' | '.join(f'{statistics.median(c):.3f}' for c in cols)} |")
+    for role, binary in builds.items():
+        cols = list(zip(*results[role]))
+        print(f"| {role}: {binary} | {' | '.join(f'{statistics.median(c):.3f}' for c in cols)} |")
     for i, label in enumerate(PATCHES):
-        wins = sum(1 for x, y in zip(results[args.a], results[args.b]) if x[i] < y[i])
-        print(f"{label}: {args.a} faster in {wins} of {args.blocks} blocks")
+        wins = sum(1 for x, y in zip(results["A"], results["B"]) if x[i] < y[i])
+        print(f"{label}: A faster in {wins} of {args.blocks} blocks")
 
 
 if __name__ == "__main__":

@@ -178,22 +178,19 @@ fn prepare(config: &Config, host: &dyn crate::bindmount::Privileged) -> Result<q
 /// `seen` has it).
 fn watch_storage(shared: Arc<Shared>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let seen = Arc::clone(&shared);
+        let seen = &shared.seen;
         let pvcs = watcher(Api::<PersistentVolumeClaim>::all(shared.client.clone()), watcher::Config::default())
             .default_backoff()
-            .map(move |ev| {
-                if let Ok(ev) = ev {
-                    seen.seen.claim_event(&ev);
-                }
+            .map(|ev| match ev {
+                Ok(ev) => seen.claim_event(&ev),
+                Err(_) => seen.claims_unknown(),
             })
             .boxed();
-        let seen = Arc::clone(&shared);
         let dvs = watcher(Api::<DataVolume>::all(shared.client.clone()), watcher::Config::default())
             .default_backoff()
-            .map(move |ev| {
-                if let Ok(ev) = ev {
-                    seen.seen.data_volume_event(&ev);
-                }
+            .map(|ev| match ev {
+                Ok(ev) => seen.data_volume_event(&ev),
+                Err(_) => seen.data_volumes_unknown(),
             })
             .boxed();
         let mut both = futures::stream::select(pvcs, dvs);

@@ -90,9 +90,9 @@ async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) 
     Ok(ReadyClaim { uid, block: pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block") })
 }
 
-fn claim_dir(shared: &Shared, pvc: &ReadyClaim) -> Result<PathBuf, SourceError> {
-    source::check_uid("claim UID", &pvc.uid)?;
-    Ok(shared.config.storage_root.join(&pvc.uid))
+fn claim_dir(shared: &Shared, claim: &ReadyClaim) -> Result<PathBuf, SourceError> {
+    source::check_uid("claim UID", &claim.uid)?;
+    Ok(shared.config.storage_root.join(&claim.uid))
 }
 
 /// The host path of a claim (for volumes present from boot, which a QEMU the agent starts
@@ -101,9 +101,9 @@ fn claim_dir(shared: &Shared, pvc: &ReadyClaim) -> Result<PathBuf, SourceError> 
 /// # Errors
 /// When the claim is not ready or its data is not there.
 pub async fn claim_path(shared: &Shared, ns: &str, claim: &Claim) -> Result<PathBuf, SourceError> {
-    let pvc = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
-    let dir = claim_dir(shared, &pvc)?;
-    if !pvc.block {
+    let ready = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
+    let dir = claim_dir(shared, &ready)?;
+    if !ready.block {
         return Ok(dir.join("disk.img"));
     }
     let missing = || SourceError::NotReady(format!("claim {} has no loop device yet", claim.name));
@@ -128,8 +128,8 @@ pub(crate) async fn open_in_launcher(
     readonly: bool,
 ) -> Result<source::Opened, SourceError> {
     source::check_name("volume name", volume)?;
-    let pvc = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
-    let block = pvc.block;
+    let ready = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
+    let block = ready.block;
     let path = if block { api::launcher_disks::device_path(volume) } else { api::launcher_disks::image_path(volume) };
     tokio::task::spawn_blocking(move || source::open_in_pod(launcher_pid, &path, readonly, block))
         .await
@@ -151,7 +151,7 @@ pub(crate) async fn open(
     attach_pod: Option<String>,
 ) -> Result<source::Opened, SourceError> {
     source::check_name("volume name", volume)?;
-    let pvc = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
+    let ready = ready_claim(shared, ns, &claim.name, claim.data_volume).await?;
     // Launcher pods: a claim reaches this node only through its attachment pod (the claim may
     // be a CSI volume that is mounted nowhere else); wait until the controller names it.
     if attach_pod.is_none() && shared.config.launcher_pods {
@@ -159,10 +159,10 @@ pub(crate) async fn open(
     }
     if let Some(pod) = attach_pod {
         let pods_dir = shared.config.kubelet_pods_dir.clone();
-        let block = pvc.block;
-        source::check_uid("claim UID", &pvc.uid)?;
+        let block = ready.block;
+        source::check_uid("claim UID", &ready.uid)?;
         let path =
-            if block { PathBuf::from("/path").join(volume).join(&pvc.uid) } else { PathBuf::from("/").join(volume).join("disk.img") };
+            if block { PathBuf::from("/path").join(volume).join(&ready.uid) } else { PathBuf::from("/").join(volume).join("disk.img") };
         return tokio::task::spawn_blocking(move || {
             let pid = source::attachment_pod_pid(&pods_dir, &pod)?;
             source::open_in_pod(pid, &path, readonly, block)
@@ -170,9 +170,9 @@ pub(crate) async fn open(
         .await
         .map_err(|e| SourceError::NotReady(e.to_string()))?;
     }
-    let dir = claim_dir(shared, &pvc)?;
+    let dir = claim_dir(shared, &ready)?;
     tokio::task::spawn_blocking(move || {
-        if pvc.block {
+        if ready.block {
             let backing = dir.join("block.img");
             source::open_block(loop_device_of(&backing), &backing, readonly)
         } else {

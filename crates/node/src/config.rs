@@ -1,7 +1,8 @@
 //! The node agent's settings ([`Config`]) and what its workers share ([`Shared`]): the API
 //! client, the settings, the accelerator chosen at start, the storage wake-up, the ready claims
-//! the storage watch has seen and the privileged effects of bind-mount mode. Below every module that runs a VMI (agent, worker,
-//! hot-plug, claims), so none of them imports another to reach these.
+//! the storage watch has seen and the privileged effects of bind-mount mode. Below every module
+//! that runs a VMI (agent, worker, hot-plug, claims), so none of them imports another to reach
+//! these.
 
 use std::path::PathBuf;
 use std::sync::Arc;

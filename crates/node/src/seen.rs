@@ -6,15 +6,19 @@
 //!   showed it bound, not being deleted and (for a DataVolume's claim) the DataVolume imported.
 //!   Anything else — not seen yet, not ready, the watch not started — is `None`, and the caller
 //!   reads the API as before, which also words the reason a volume waits.
-//! - A relist replaces everything at once (at the watch's `InitDone`), so objects deleted while
-//!   the watch was down do not stay.
+//! - A relist replaces everything at once (at the watch's `InitDone`).
+//! - A watch error empties the table ([`Seen::claims_unknown`], [`Seen::data_volumes_unknown`]):
+//!   while a watch fails (the server unreachable, the watch refused) nothing is answered from
+//!   what it showed before; every claim is read from the API until changes or the next relist
+//!   fill the table again.
 //!
 //! # Caveats
-//! It lags the API by the watch's delivery (well under a millisecond on one host). A claim
-//! deleted and created again under the same name, and hot-plugged within that lag, would be
-//! opened by its old UID; the old claim's directory is gone by then unless its provisioner has
-//! not removed it yet. A GET has the same window between its answer and the open, only
-//! shorter.
+//! While its watch is healthy the table lags the API by the watch's delivery (well under a
+//! millisecond on one host). A claim deleted and created again under the same name, and
+//! hot-plugged within that lag, would be opened by its old UID; the old claim's directory is
+//! gone by then unless its provisioner has not removed it yet. A GET has the same window between
+//! its answer and the open, only shorter. A claim being deleted is not in the table: it is left
+//! to the API read, as before.
 //!
 //! Only a few fields per object are kept (UID, phase, volume mode): the watch covers every
 //! claim in the cluster, not only this node's.
@@ -32,6 +36,8 @@ use api::DataVolume;
 /// A claim the watch showed ready to be used.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadyClaim {
+    /// The claim's UID: its directory under the storage root, its device path in an attachment
+    /// pod.
     pub uid: String,
     /// `volumeMode: Block` (a loop device), not a Filesystem claim's `disk.img`.
     pub block: bool,
@@ -67,6 +73,16 @@ impl Seen {
         });
     }
 
+    /// The claim watch failed: forget what it showed (see the module docs).
+    pub fn claims_unknown(&self) {
+        self.claims.clear();
+    }
+
+    /// The DataVolume watch failed: forget what it showed.
+    pub fn data_volumes_unknown(&self) {
+        self.imported.clear();
+    }
+
     /// Takes in one event of the DataVolume watch.
     pub fn data_volume_event(&self, ev: &watcher::Event<DataVolume>) {
         self.imported.apply(ev, |dv| {
@@ -93,6 +109,11 @@ impl<V> Default for Table<V> {
 impl<V: Clone> Table<V> {
     fn get(&self, key: &Key) -> Option<V> {
         self.live.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(key).cloned()
+    }
+
+    fn clear(&self) {
+        self.live.write().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        *self.next.write().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     fn apply<K: kube::Resource>(&self, ev: &watcher::Event<K>, keep: impl Fn(&K) -> Option<V>) {
@@ -188,5 +209,22 @@ mod tests {
         seen.claim_event(&watcher::Event::InitDone);
         assert!(seen.ready("ns", "gone", false).is_none(), "deleted while the watch was down");
         assert!(seen.ready("ns", "new", false).is_some());
+    }
+
+    #[test]
+    fn a_failed_watch_forgets_what_it_showed_until_it_shows_it_again() {
+        let seen = Seen::default();
+        seen.claim_event(&watcher::Event::Apply(pvc("a", "u1", "Bound", None)));
+        seen.data_volume_event(&watcher::Event::Apply(dv("a", "Succeeded")));
+        seen.claim_event(&watcher::Event::Init);
+        seen.claims_unknown();
+        assert_eq!(seen.ready("ns", "a", false), None, "the claim watch failed");
+        seen.claim_event(&watcher::Event::InitDone);
+        assert_eq!(seen.ready("ns", "a", false), None, "a relist cut short by the failure fills nothing");
+        seen.claim_event(&watcher::Event::Apply(pvc("a", "u1", "Bound", None)));
+        assert!(seen.ready("ns", "a", true).is_some(), "shown again; the DataVolume watch did not fail");
+        seen.data_volumes_unknown();
+        assert_eq!(seen.ready("ns", "a", true), None, "the DataVolume watch failed");
+        assert!(seen.ready("ns", "a", false).is_some());
     }
 }
