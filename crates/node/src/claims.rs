@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
-use kube::ResourceExt;
 
 use api::kubevirt::Volume;
 use api::phases::{ClaimPhase, DataVolumePhase};
@@ -86,8 +85,7 @@ async fn ready_claim(shared: &Shared, ns: &str, claim: &str, data_volume: bool) 
     if !ClaimPhase::is_bound(&pvc) {
         return Err(SourceError::NotReady(format!("claim {claim} is not bound yet")));
     }
-    let uid = pvc.uid().ok_or_else(|| SourceError::NotReady(format!("claim {claim} has no UID")))?;
-    Ok(ReadyClaim { uid, block: pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block") })
+    ReadyClaim::of(&pvc).ok_or_else(|| SourceError::NotReady(format!("claim {claim} has no UID")))
 }
 
 fn claim_dir(shared: &Shared, claim: &ReadyClaim) -> Result<PathBuf, SourceError> {

@@ -43,6 +43,16 @@ pub struct ReadyClaim {
     pub block: bool,
 }
 
+impl ReadyClaim {
+    /// What opening `pvc` needs, read from the claim itself (`None` without a UID). Whether it is
+    /// ready is the caller's judgement.
+    #[must_use]
+    pub fn of(pvc: &PersistentVolumeClaim) -> Option<ReadyClaim> {
+        let block = pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+        pvc.uid().map(|uid| ReadyClaim { uid, block })
+    }
+}
+
 type Key = (String, String);
 
 /// The claims (bound, not being deleted) and imported DataVolumes last seen on the watches.
@@ -68,8 +78,7 @@ impl Seen {
     pub fn claim_event(&self, ev: &watcher::Event<PersistentVolumeClaim>) {
         self.claims.apply(ev, |pvc| {
             let usable = ClaimPhase::is_bound(pvc) && pvc.metadata.deletion_timestamp.is_none();
-            let block = pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
-            usable.then(|| pvc.uid().map(|uid| ReadyClaim { uid, block })).flatten()
+            usable.then(|| ReadyClaim::of(pvc)).flatten()
         });
     }
 
@@ -93,33 +102,34 @@ impl Seen {
 }
 
 /// Objects by namespace and name, kept only while `keep` says so, with a watch's relist
-/// semantics.
-struct Table<V> {
-    live: RwLock<HashMap<Key, V>>,
+/// semantics. One lock: a lookup never sees half of an event.
+struct Table<V>(RwLock<Lists<V>>);
+
+struct Lists<V> {
+    live: HashMap<Key, V>,
     /// The relist in progress, swapped in at `InitDone`.
-    next: RwLock<Option<HashMap<Key, V>>>,
+    next: Option<HashMap<Key, V>>,
 }
 
 impl<V> Default for Table<V> {
     fn default() -> Self {
-        Table { live: RwLock::new(HashMap::new()), next: RwLock::new(None) }
+        Table(RwLock::new(Lists { live: HashMap::new(), next: None }))
     }
 }
 
 impl<V: Clone> Table<V> {
     fn get(&self, key: &Key) -> Option<V> {
-        self.live.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(key).cloned()
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).live.get(key).cloned()
     }
 
     fn clear(&self) {
-        self.live.write().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
-        *self.next.write().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Lists { live: HashMap::new(), next: None };
     }
 
     fn apply<K: kube::Resource>(&self, ev: &watcher::Event<K>, keep: impl Fn(&K) -> Option<V>) {
         let key = |o: &K| (o.meta().namespace.clone().unwrap_or_default(), o.meta().name.clone().unwrap_or_default());
-        let mut live = self.live.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut next = self.next.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut lists = self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Lists { live, next } = &mut *lists;
         match ev {
             watcher::Event::Init => *next = Some(HashMap::new()),
             watcher::Event::InitApply(o) => {

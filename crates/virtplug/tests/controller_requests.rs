@@ -12,11 +12,8 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::Request;
-use axum::middleware::{self, Next};
 use common::TestServer;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, PostParams};
@@ -29,7 +26,7 @@ const T: Duration = Duration::from_secs(20);
 /// How long without a request counts as idle.
 const IDLE: Duration = Duration::from_millis(1500);
 
-type Log = Arc<Mutex<Vec<String>>>;
+type Log = common::Requests;
 
 fn requests(log: &Log) -> Vec<String> {
     log.lock().unwrap().clone()
@@ -53,20 +50,7 @@ async fn idle(log: &Log) {
 async fn one_hotplug_costs_the_controller_only_its_writes() {
     let s = TestServer::start().await;
     let root = tempfile::tempdir().unwrap();
-    let log: Log = Arc::default();
-    let counted = {
-        let log = Arc::clone(&log);
-        s.server.local_router().layer(middleware::from_fn(move |req: Request, next: Next| {
-            let log = Arc::clone(&log);
-            async move {
-                let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
-                if !watch {
-                    log.lock().unwrap().push(format!("{} {}", req.method(), req.uri().path()));
-                }
-                next.run(req).await
-            }
-        }))
-    };
+    let (counted, log) = common::counted(s.server.local_router());
     let config = controller::run::Config { storage_root: Some(root.path().to_owned()), ..Default::default() };
     let ctl = tokio::spawn(controller::run::run_with(client::in_process(counted), config));
     let _node = common::fakenode::start(&s.client, "node-a").await;

@@ -11,11 +11,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use axum::extract::Request;
-use axum::middleware::{self, Next};
 
 use common::TestServer;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -38,7 +34,7 @@ struct Env {
     ctl: tokio::task::JoinHandle<()>,
     agent: Option<tokio::task::JoinHandle<()>>,
     /// Every request the agent sent but its watches: `METHOD path`.
-    agent_requests: Arc<Mutex<Vec<String>>>,
+    agent_requests: common::Requests,
     /// Bind-mount mode: the test's own devices cgroup directory (removed when dropped).
     cgroup: Option<PathBuf>,
 }
@@ -106,7 +102,7 @@ impl Env {
             dir,
             ctl,
             agent: None,
-            agent_requests: Arc::default(),
+            agent_requests: common::Requests::default(),
             cgroup,
         };
         e.start_agent();
@@ -140,16 +136,8 @@ impl Env {
             config.mount_helper = PathBuf::from(env!("CARGO_BIN_EXE_virtplug"));
             config.devices_cgroup = cg.clone();
         }
-        let log = Arc::clone(&self.agent_requests);
-        let counted = self.s.server.local_router().layer(middleware::from_fn(move |req: Request, next: Next| {
-            let log = Arc::clone(&log);
-            async move {
-                if !req.uri().query().is_some_and(|q| q.contains("watch=true")) {
-                    log.lock().unwrap().push(format!("{} {}", req.method(), req.uri().path()));
-                }
-                next.run(req).await
-            }
-        }));
+        let (counted, log) = common::counted(self.s.server.local_router());
+        self.agent_requests = log;
         let client = client::in_process(counted);
         self.agent = Some(tokio::spawn(async move {
             common::fakenode::kubelet(&client, "node-t").await;

@@ -101,6 +101,26 @@ pub fn vm(name: &str) -> serde_json::Value {
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
 }
+/// The requests a client sent through [`counted`]: `METHOD path`, watches left out.
+pub type Requests = Arc<std::sync::Mutex<Vec<String>>>;
+
+/// `router` with a layer that records every request but watches (long-running, started before
+/// what a test counts) into the returned log: an in-process client over it is the one counted.
+pub fn counted(router: axum::Router) -> (axum::Router, Requests) {
+    let log: Requests = Arc::default();
+    let into = Arc::clone(&log);
+    let router = router.layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
+        let log = Arc::clone(&into);
+        async move {
+            if !req.uri().query().is_some_and(|q| q.contains("watch=true")) {
+                log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(format!("{} {}", req.method(), req.uri().path()));
+            }
+            next.run(req).await
+        }
+    }));
+    (router, log)
+}
+
 pub mod fakenode;
 pub mod forks;
 pub mod guest;
