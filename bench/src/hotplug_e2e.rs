@@ -35,6 +35,10 @@ use virtplug_bench::pct;
 use virtplug_bench::up::{start_up_with, Guest, Up, API};
 use virtplug_bench::waits::{boot_deadline, output_within, secs, stop_signal, within};
 
+/// P2's (and P3's) guests' memory, passed on to P2's floor: 32 guests fit in this machine's
+/// memory beside `up`.
+const P2_MEMORY_MIB: u64 = 160;
+
 #[derive(Parser)]
 struct Args {
     /// The virtplug binary.
@@ -48,6 +52,9 @@ struct Args {
     /// P1: hot-plugs to time (0 skips P1).
     #[arg(long, default_value_t = 50)]
     p1: usize,
+    /// P1: the VM's memory (MiB), passed on to its floor so that both measure the same guest.
+    #[arg(long, default_value_t = 256)]
+    p1_memory_mib: u64,
     /// P2: VMs (0 skips P2).
     #[arg(long, default_value_t = 0)]
     p2_vms: usize,
@@ -151,7 +158,7 @@ async fn p1(args: &Args) -> anyhow::Result<()> {
     let up = start_up_with(&args.virtplug, &args.up_args()).await?;
     up.claim("p1", "8Mi").await?;
     let start = Instant::now();
-    up.vm("p1", &args.guest, &args.kernel_args).await?;
+    up.vm("p1", &args.guest, &args.kernel_args, args.p1_memory_mib).await?;
     let mut g = boot_one(&up, "p1", start, args).await?;
     let (mut seen, mut block, mut gone) = (Vec::new(), Vec::new(), Vec::new());
     // Where the time goes: each phase's `phaseTransitionTimestamps` entry (wall clock, ms,
@@ -205,8 +212,17 @@ async fn p1(args: &Args) -> anyhow::Result<()> {
             println!("| `{ph}` | {who} | {:.1} | {:.1} |", pct(v, 0.5), pct(v, 0.99));
         }
     }
-    println!("\nfloor (same invocation): {} --runs {} --boots 1", args.floor.display(), args.p1);
-    let text = args.run_floor(&["--runs".into(), args.p1.to_string(), "--boots".into(), "1".into()]).await?;
+    println!("\nfloor (same invocation): {} --runs {} --boots 1 --memory-mib {}", args.floor.display(), args.p1, args.p1_memory_mib);
+    let text = args
+        .run_floor(&[
+            "--runs".into(),
+            args.p1.to_string(),
+            "--boots".into(),
+            "1".into(),
+            "--memory-mib".into(),
+            args.p1_memory_mib.to_string(),
+        ])
+        .await?;
     for l in text.lines().filter(|l| l.contains("SEEN") || l.contains("BLOCK") || l.starts_with("retry")) {
         println!("{l}");
     }
@@ -228,7 +244,7 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
     }
     let boot = Instant::now();
     for n in &names {
-        up.vm(n, &args.guest, &args.kernel_args).await?;
+        up.vm(n, &args.guest, &args.kernel_args, P2_MEMORY_MIB).await?;
     }
     let (mut guests, retried) = up.boot_all(&names, boot, args.boot(names.len())).await?;
     let retried: Vec<&str> = retried.iter().map(|r| r.name.as_str()).collect();
@@ -277,9 +293,24 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
     }
     // The floor, in the same invocation: the same fleet plugged straight over QMP.
     let (vms, k) = (args.p2_vms.to_string(), args.p2_volumes.to_string());
-    println!("\nP2 floor (same invocation): {} --fleet-vms {vms} --fleet-volumes {k}", args.floor.display());
+    println!(
+        "\nP2 floor (same invocation): {} --fleet-vms {vms} --fleet-volumes {k} --fleet-memory-mib {P2_MEMORY_MIB}",
+        args.floor.display()
+    );
     let c = args.converge_deadline.to_string();
-    let text = args.run_floor(&["--fleet-vms".into(), vms, "--fleet-volumes".into(), k, "--converge-deadline".into(), c]).await?;
+    let mem = P2_MEMORY_MIB.to_string();
+    let text = args
+        .run_floor(&[
+            "--fleet-vms".into(),
+            vms,
+            "--fleet-volumes".into(),
+            k,
+            "--fleet-memory-mib".into(),
+            mem,
+            "--converge-deadline".into(),
+            c,
+        ])
+        .await?;
     let mut floors = Vec::new();
     for l in text.lines().filter(|l| l.starts_with("fleet") || l.starts_with("retry")) {
         println!("{l}");
@@ -358,7 +389,7 @@ fn children_cpu() -> anyhow::Result<f64> {
 async fn p3(args: &Args) -> anyhow::Result<()> {
     let up = start_up_with(&args.virtplug, &args.up_args()).await?;
     let start = Instant::now();
-    up.vm("p3", &args.guest, &args.kernel_args).await?;
+    up.vm("p3", &args.guest, &args.kernel_args, P2_MEMORY_MIB).await?;
     let guest = boot_one(&up, "p3", start, args).await?;
     let claims: Vec<String> = (0..args.p3_volumes).map(|i| format!("never-{i}")).collect();
     up.set_volumes("p3", &claims).await?;

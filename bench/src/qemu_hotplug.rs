@@ -50,6 +50,9 @@ struct Args {
     fleet_vms: usize,
     #[arg(long, default_value_t = 8)]
     fleet_volumes: usize,
+    /// The measured VM's memory (MiB); `hotplug-e2e` passes its P1 VM's.
+    #[arg(long, default_value_t = 256)]
+    memory_mib: u64,
     /// Fleet mode: the guests' memory (P2 uses 160 MiB).
     #[arg(long, default_value_t = 160)]
     fleet_memory_mib: u64,
@@ -191,11 +194,11 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     }
     let mut boots = Vec::new();
     for i in 0..args.boots {
-        let (vm, ms) = boot(args, &format!("boot {i}"), &tmp.path().join(format!("boot{i}")), 256).await?;
+        let (vm, ms) = boot(args, &format!("boot {i}"), &tmp.path().join(format!("boot{i}")), args.memory_mib).await?;
         boots.push(ms);
         drop(vm);
     }
-    let (mut vm, _) = boot(args, "the measured VM", &tmp.path().join("main"), 256).await?;
+    let (mut vm, _) = boot(args, "the measured VM", &tmp.path().join("main"), args.memory_mib).await?;
     let idle = if args.idle_seconds > 0 {
         let c0 = cpu_seconds(vm.process.pid)?;
         tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;

@@ -146,11 +146,12 @@ impl Up {
         Ok(())
     }
 
-    pub async fn vm(&self, name: &str, guest: &Path, kernel_args: &str) -> anyhow::Result<()> {
+    /// Creates VM `name` (`runStrategy: Always`) booting the test guest with `memory_mib` MiB.
+    pub async fn vm(&self, name: &str, guest: &Path, kernel_args: &str, memory_mib: u64) -> anyhow::Result<()> {
         let g = guest.canonicalize().with_context(|| format!("no test guest at {}", guest.display()))?;
         let vm = serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
             "spec": {"runStrategy": "Always", "template": {"spec": {"terminationGracePeriodSeconds": 1,
-                "domain": {"resources": {"requests": {"memory": "160Mi"}}, "devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}]},
+                "domain": {"resources": {"requests": {"memory": format!("{memory_mib}Mi")}}, "devices": {"disks": [{"name": "cd0", "cdrom": {"bus": "sata"}}]},
                            "firmware": {"kernelBoot": {"kernelArgs": kernel_args,
                                "container": {"kernelPath": g.join("vmlinuz"), "initrdPath": g.join("initramfs.cpio.gz")}}}}}}}}))?;
         within(API, format!("the API to create VM {name}"), async { Ok(self.vms().create(&PostParams::default(), &vm).await?) }).await?;
