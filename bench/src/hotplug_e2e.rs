@@ -223,7 +223,7 @@ async fn p1(args: &Args) -> anyhow::Result<()> {
             args.p1_memory_mib.to_string(),
         ])
         .await?;
-    for l in text.lines().filter(|l| l.contains("SEEN") || l.contains("BLOCK") || l.starts_with("retry")) {
+    for l in text.lines().filter(|l| l.contains("SEEN") || l.contains("BLOCK") || l.contains("`device_add`") || l.starts_with("retry")) {
         println!("{l}");
     }
     let floor_p50 =

@@ -222,6 +222,7 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         f.set_len(8 << 20)?;
     }
     let (mut detect, mut plug, mut gone, mut detach_done) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut added = Vec::new();
     for i in 0..args.runs {
         let volume = format!("bench-{i}");
         let fd = std::fs::OpenOptions::new().read(true).write(true).open(&img)?;
@@ -237,6 +238,7 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         };
         let staged = vm.machine.stage_with(&held, a).await?;
         vm.machine.plug(staged).await?;
+        added.push(t.elapsed().as_secs_f64() * 1000.0);
         let seen = vm.expect(SEE, &format!("SEEN for {volume}"), |l| l.starts_with("SEEN ")).await?;
         detect.push(seen.at.duration_since(t).as_secs_f64() * 1000.0);
         let want = format!("id=serial.{volume}");
@@ -259,6 +261,7 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     println!("|---|---:|---:|---:|---:|");
     println!("| VM start → guest `VP-READY` | {} |", stats(boots));
     println!("| QMP round trip (`query-status`) | {} |", stats(rtt));
+    println!("| attach by fd → `device_add` answered (its QMP alone) | {} |", stats(added));
     println!("| attach by fd → guest detects the disk (`SEEN`) | {} |", stats(detect));
     println!("| attach by fd → guest has read size, content, serial (`BLOCK+`) | {} |", stats(plug));
     println!("| detach → guest `BLOCK-` | {} |", stats(gone));
