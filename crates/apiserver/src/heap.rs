@@ -10,6 +10,10 @@
 //! and otherwise, while anything at all was written, at most every [`BUSY_EVERY`]: a trickle of
 //! writes (a controller renewing its Lease every 2 s) does not trim every other second (trimming
 //! locks each arena in turn and walks its free chunks).
+//!
+//! The `virtplug` binary allocates Rust's memory with mimalloc (its `allocator` module), which
+//! purges freed pages itself; what this trims there is the C side's heap (SQLite's). A library
+//! user on glibc's allocator gets the whole effect described above.
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,7 @@
 //! `virtplug`: the one binary. `up` runs the embedded stack; the other subcommands run one
 //! component or talk to a running one.
 
+mod allocator;
 mod attachment_holder;
 mod cli;
 mod disk_flag;
