@@ -12,7 +12,7 @@
 //! locks each arena in turn and walks its free chunks).
 //!
 //! The `virtplug` binary allocates Rust's memory with mimalloc (its `allocator` module), which
-//! purges freed pages itself; what this trims there is the C side's heap (SQLite's). A library
+//! purges freed pages itself; what this trims there is the C side's heap (SQLite's, liblzma's). A library
 //! user on glibc's allocator gets the whole effect described above.
 
 use std::time::{Duration, Instant};

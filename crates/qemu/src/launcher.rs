@@ -359,8 +359,11 @@ fn spawn_qemu(received: Received, run_dir: &Path) -> Result<tokio::process::Chil
         cmd.pre_exec(move || {
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
             // The launcher died between fork and prctl: no signal will come, so stop here.
+            // ESRCH, not a message: an `io::Error` with a message allocates, and the child of a
+            // multi-threaded fork must not (the allocator's locks may be held by a thread that
+            // is not there).
             if rustix::process::getppid() != Some(parent) {
-                return Err(io::Error::other("the launcher is gone"));
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
             for &(from, to) in &places {
                 if libc::dup2(from, to) < 0 {
