@@ -8,8 +8,8 @@
 //!
 //! Why the two options: with mimalloc's defaults (freed pages kept for a second, whole arenas
 //! committed where the OS overcommits) the API server sat at 65 MiB idle instead of glibc's 37;
-//! with these it is at 40–41 MiB, and at 10,000 VMs it holds 2.1–2.2 KiB per KiB of stored JSON
-//! after the lists instead of glibc's 3.5. Only Rust's allocations go to mimalloc: C code
+//! with these it is at 40–45 MiB, and at 10,000 VMs it holds 1.7–2.2 KiB per KiB of stored JSON
+//! after the lists instead of glibc's 3.0–3.7. Only Rust's allocations go to mimalloc: C code
 //! (SQLite, liblzma) keeps glibc's malloc, which `apiserver::heap` still trims after bursts of
 //! writes.
 //!
