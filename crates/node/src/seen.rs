@@ -111,9 +111,15 @@ struct Lists<V> {
     next: Option<HashMap<Key, V>>,
 }
 
+impl<V> Default for Lists<V> {
+    fn default() -> Self {
+        Lists { live: HashMap::new(), next: None }
+    }
+}
+
 impl<V> Default for Table<V> {
     fn default() -> Self {
-        Table(RwLock::new(Lists { live: HashMap::new(), next: None }))
+        Table(RwLock::new(Lists::default()))
     }
 }
 
@@ -123,7 +129,7 @@ impl<V: Clone> Table<V> {
     }
 
     fn clear(&self) {
-        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Lists { live: HashMap::new(), next: None };
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Lists::default();
     }
 
     fn apply<K: kube::Resource>(&self, ev: &watcher::Event<K>, keep: impl Fn(&K) -> Option<V>) {

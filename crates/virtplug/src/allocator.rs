@@ -26,7 +26,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// [`configure`], run by the C runtime before `main` and before Rust's first allocation (an
+/// [`configure_before_main`], run by the C runtime before `main` and before Rust's first allocation (an
 /// `.init_array` entry): mimalloc reserves its first arena on the first allocation, and reads
 /// `arena_eager_commit` then.
 // SAFETY (of placing a function in `.init_array`): the loader calls each entry once, on the
@@ -41,14 +41,10 @@ const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 #[link_section = ".init_array"]
 static CONFIGURE_BEFORE_MAIN: extern "C" fn() = configure_before_main;
 
-extern "C" fn configure_before_main() {
-    configure();
-}
-
 /// Sets mimalloc's defaults: arenas committed as they are used, freed pages purged at once.
 /// Runs before `main` ([`CONFIGURE_BEFORE_MAIN`]), while the process has one thread.
 #[allow(unsafe_code)]
-fn configure() {
+extern "C" fn configure_before_main() {
     // SAFETY: `mi_option_set_default` stores an integer into mimalloc's option table unless
     // the environment already set that option; both numbers are options of the mimalloc this
     // crate links (see above), and any value is valid for them (0 = off / no delay). The table

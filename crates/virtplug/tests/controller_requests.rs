@@ -26,14 +26,12 @@ const T: Duration = Duration::from_secs(20);
 /// How long without a request counts as idle.
 const IDLE: Duration = Duration::from_millis(1500);
 
-type Log = common::Requests;
-
-fn requests(log: &Log) -> Vec<String> {
+fn requests(log: &common::Requests) -> Vec<String> {
     log.lock().unwrap().clone()
 }
 
 /// Waits until the controller has sent no request for [`IDLE`] (deadline [`T`]).
-async fn idle(log: &Log) {
+async fn idle(log: &common::Requests) {
     let end = Instant::now() + T;
     let (mut seen, mut since) = (requests(log).len(), Instant::now());
     while since.elapsed() < IDLE {
