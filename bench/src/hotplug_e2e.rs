@@ -31,13 +31,9 @@ use kube::api::Api;
 
 use api::VirtualMachineInstance;
 use virtplug_bench::cputime::cpu_seconds;
-use virtplug_bench::pct;
 use virtplug_bench::up::{start_up_with, Guest, Up, API};
 use virtplug_bench::waits::{boot_deadline, output_within, secs, stop_signal, within};
-
-/// P2's (and P3's) guests' memory, passed on to P2's floor: 32 guests fit in this machine's
-/// memory beside `up`.
-const P2_MEMORY_MIB: u64 = 160;
+use virtplug_bench::{pct, FLEET_MEMORY_MIB};
 
 #[derive(Parser)]
 struct Args {
@@ -244,7 +240,7 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
     }
     let boot = Instant::now();
     for n in &names {
-        up.vm(n, &args.guest, &args.kernel_args, P2_MEMORY_MIB).await?;
+        up.vm(n, &args.guest, &args.kernel_args, FLEET_MEMORY_MIB).await?;
     }
     let (mut guests, retried) = up.boot_all(&names, boot, args.boot(names.len())).await?;
     let retried: Vec<&str> = retried.iter().map(|r| r.name.as_str()).collect();
@@ -294,11 +290,11 @@ async fn p2(args: &Args) -> anyhow::Result<()> {
     // The floor, in the same invocation: the same fleet plugged straight over QMP.
     let (vms, k) = (args.p2_vms.to_string(), args.p2_volumes.to_string());
     println!(
-        "\nP2 floor (same invocation): {} --fleet-vms {vms} --fleet-volumes {k} --fleet-memory-mib {P2_MEMORY_MIB}",
+        "\nP2 floor (same invocation): {} --fleet-vms {vms} --fleet-volumes {k} --fleet-memory-mib {FLEET_MEMORY_MIB}",
         args.floor.display()
     );
     let c = args.converge_deadline.to_string();
-    let mem = P2_MEMORY_MIB.to_string();
+    let mem = FLEET_MEMORY_MIB.to_string();
     let text = args
         .run_floor(&[
             "--fleet-vms".into(),
@@ -389,7 +385,7 @@ fn children_cpu() -> anyhow::Result<f64> {
 async fn p3(args: &Args) -> anyhow::Result<()> {
     let up = start_up_with(&args.virtplug, &args.up_args()).await?;
     let start = Instant::now();
-    up.vm("p3", &args.guest, &args.kernel_args, P2_MEMORY_MIB).await?;
+    up.vm("p3", &args.guest, &args.kernel_args, FLEET_MEMORY_MIB).await?;
     let guest = boot_one(&up, "p3", start, args).await?;
     let claims: Vec<String> = (0..args.p3_volumes).map(|i| format!("never-{i}")).collect();
     up.set_volumes("p3", &claims).await?;

@@ -16,6 +16,10 @@ pub mod waits;
 /// too slow there and make the guest's clock run that much fast (tests/guest/init).
 pub const GUEST_KERNEL_ARGS: &str = "console=ttyS0 quiet panic=-1 mitigations=off no_timer_check tsc=unstable";
 
+/// The memory (MiB) of P2's and P3's guests and of P2's floor fleet: 32 guests fit in this
+/// machine's memory beside `up`.
+pub const FLEET_MEMORY_MIB: u64 = 160;
+
 /// The `q` quantile (0..=1, nearest rank) of `v`; NaN for no samples.
 #[must_use]
 #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]

@@ -27,7 +27,7 @@ use qemu::qmp::Qmp;
 use qemu::{Attach, DeviceKind, Machine, Source};
 use virtplug_bench::cputime::cpu_seconds;
 use virtplug_bench::waits::{boot_deadline, console_tail, secs, stop_signal, TAIL_LINES};
-use virtplug_bench::GUEST_KERNEL_ARGS;
+use virtplug_bench::{FLEET_MEMORY_MIB, GUEST_KERNEL_ARGS};
 
 #[derive(Parser, Clone)]
 struct Args {
@@ -53,8 +53,8 @@ struct Args {
     /// The measured VM's memory (MiB); `hotplug-e2e` passes its P1 VM's.
     #[arg(long, default_value_t = 256)]
     memory_mib: u64,
-    /// Fleet mode: the guests' memory (P2 uses 160 MiB).
-    #[arg(long, default_value_t = 160)]
+    /// Fleet mode: the guests' memory (MiB), P2's by default.
+    #[arg(long, default_value_t = FLEET_MEMORY_MIB)]
     fleet_memory_mib: u64,
     /// Run QEMU under its seccomp sandbox, as the node agent does (`--sandbox false` measures
     /// what the sandbox costs).
